@@ -1,0 +1,69 @@
+"""The `carl` command. Each command group lives next to its component in a `cli.py` that
+defines `register(subparsers)`; those modules import nothing heavy at module level, so
+`carl --help` stays fast and torch is only imported by the commands that train.
+
+    carl demo                  the main job on the embedded default
+    carl sandbox run ...       one command in a fresh sandbox
+    carl env serve ...         the HTTP environment server
+    carl agent run ...         one agent episode, transcript shown live
+    carl tasks build|validate|stats|show ...
+    carl train [CONFIG] [a.b=value ...]
+    carl eval --checkpoint DIR --tasks FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command group -> module that registers it. Modules missing from a partial install are skipped.
+GROUPS = {
+    "demo": "carl.micro.cli",
+    "sandbox": "carl.sandbox.cli",
+    "env": "carl.sandbox.server_cli",
+    "agent": "carl.harness.cli",
+    "tasks": "carl.tasks.cli",
+    "train": "carl.train.cli",
+    "eval": "carl.eval.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="carl", description="Coding Agent Reinforcement Learning")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in GROUPS.values():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from carl.config import ConfigError
+    from carl.errors import UserError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"carl: config error: {e}", file=sys.stderr)
+        return 2
+    except UserError as e:
+        print(f"carl: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("carl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The micro world: generated small repositories for the embedded default (see generate.py)."""

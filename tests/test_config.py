@@ -1,0 +1,42 @@
+from dataclasses import dataclass, field
+
+import pytest
+
+from carl.config import ConfigError, from_dict, load_config, parse_override, save_config, to_toml
+
+
+@dataclass(frozen=True)
+class Inner:
+    lr: float = 1e-4
+    steps: int = 10
+
+
+@dataclass(frozen=True)
+class Outer:
+    name: str = "run"
+    inner: Inner = field(default_factory=Inner)
+    tags: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+def test_overrides_and_roundtrip(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('name = "a"\n[inner]\nsteps = 3\n')
+    cfg = load_config(Outer, p, ["inner.lr=2e-5", "tags=['x','y']", "seed=7"])
+    assert cfg == Outer(name="a", inner=Inner(lr=2e-5, steps=3), tags=("x", "y"), seed=7)
+    save_config(cfg, tmp_path / "out.toml")
+    assert load_config(Outer, tmp_path / "out.toml") == cfg
+
+
+def test_errors_name_the_field():
+    with pytest.raises(ConfigError, match="inner.steps: got 'many', expected an integer"):
+        from_dict(Outer, {"inner": {"steps": "many"}})
+    with pytest.raises(ConfigError, match="inner.lrr: unknown field of Inner"):
+        from_dict(Outer, {"inner": {"lrr": 1.0}})
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_override("inner.lr")
+
+
+def test_override_string_fallback():
+    assert parse_override("name=hello world") == (["name"], "hello world")
+    assert "[inner]" in to_toml(Outer())

@@ -1,0 +1,59 @@
+"""The harness, sandbox and tasks packages are what production use needs: they never import
+torch (or anything that imports it at module level), checked both statically and at runtime."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_FREE = ["carl/harness", "carl/sandbox", "carl/tasks"]
+HEAVY = {"torch", "transformers", "numpy", "vllm", "ray"}
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Top-level module names imported at module level (not inside functions)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in tree.body:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(n, ast.Import):
+                names.update(a.name.split(".")[0] for a in n.names)
+            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                names.add(n.module.split(".")[0])
+            stack.extend(ast.iter_child_nodes(n))
+    return names
+
+
+@pytest.mark.parametrize("pkg", TORCH_FREE)
+def test_no_torch_imports_at_module_level(pkg):
+    offenders = []
+    for path in sorted((ROOT / pkg).rglob("*.py")):
+        bad = _module_level_imports(path) & {"torch"}
+        if bad:
+            offenders.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert not offenders, offenders
+
+
+def test_importing_torch_free_packages_does_not_load_torch():
+    mods = []
+    for pkg in TORCH_FREE:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            mods.append(".".join(rel.parts).removesuffix(".__init__"))
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}:\n"
+        "    importlib.import_module(m)\n"
+        f"heavy = sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torch" not in out.stdout.strip().split(","), f"torch loaded by importing {TORCH_FREE}"
