@@ -79,6 +79,7 @@ class StopReason(str, enum.Enum):
     MAX_TURNS = "max_turns"
     MAX_TOKENS = "max_tokens"  # total generated+observed token budget over all segments
     WALL_TIME = "wall_time"
+    CONTEXT_FULL = "context_full"  # a segment's context budget is used up and no self-summaries remain
     NO_TOOL_CALL = "no_tool_call"  # the agent replied without any tool call (limits.stop_on_no_call)
     POLICY_ERROR = "policy_error"  # the policy raised (endpoint down, ...): an infrastructure failure
     SANDBOX_ERROR = "sandbox_error"  # the sandbox crashed: an infrastructure failure
@@ -116,8 +117,9 @@ class Segment:
     token_ids_T: list[int] = field(default_factory=list)
     logprobs_T: list[float] = field(default_factory=list)
     generated_mask_T: list[bool] = field(default_factory=list)
-    # MoE router replay: per generated token, per layer, top-k expert ids (see carl.systems.router_replay);
-    # stored compactly (base64 of an int8/int16 array) by the policy that recorded it.
+    # MoE router replay: top-k expert ids per layer for every context position, aligned with
+    # token_ids_T (-1 where nothing was routed); `carl.systems.router_replay.encode_routes` stores
+    # them compactly (base64 of a uint8/uint16 array).
     routing: dict[str, Any] | None = None
 
 

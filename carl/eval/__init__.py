@@ -1,0 +1,1 @@
+"""Evaluation: the benchmark runner over held-out tasks and its reports."""

@@ -1,0 +1,41 @@
+"""The benchmark runner: n samples per held-out task through the production harness and reward.
+
+    tasks x n --collect_groups (sandboxes, run_episode, clean-sandbox reward)--> samples
+        --> BenchReport (pass@1, pass@k, tokens, tool calls, wall time per task)
+
+The same runner evaluates a training checkpoint (`carl eval --checkpoint DIR`), the warm-start
+and RL checkpoints inside `carl train`, and any OpenAI-compatible endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from carl.eval.report import BenchReport, Sample, build_report
+from carl.harness.agent import EpisodeLimits
+from carl.harness.tools.base import Tool
+from carl.sandbox.base import SandboxConfig
+from carl.tasks import TaskRecord
+from carl.train.rollout import Rollout, collect_groups
+
+
+def evaluate(name: str, policy_factory: Callable[[int], Any], tasks: list[TaskRecord], samples_per_task: int,
+             limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig) -> tuple[BenchReport, list[Rollout]]:
+    groups = collect_groups(policy_factory, tasks, samples_per_task, limits, tools, sandbox)
+    rollouts = [r for g in groups for r in g]
+    return build_report(name, [to_sample(r) for r in rollouts], k=samples_per_task), rollouts
+
+
+def to_sample(r: Rollout) -> Sample:
+    t = r.trajectory
+    return Sample(
+        task_id=r.task.instance_id,
+        passed=r.passed,
+        reward=r.reward,
+        generated_tokens=t.num_generated_tokens,
+        tool_calls=t.num_tool_calls,
+        tool_errors=t.num_tool_errors,
+        wall_s=t.wall_s,
+        infra_failure=not r.valid,
+        stop_reason=t.stop_reason.value,
+    )

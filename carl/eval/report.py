@@ -1,0 +1,134 @@
+"""Benchmark reports: pass@1 and pass@k per task and overall, tokens and tool calls per task,
+wall time per task; rendered as a rich table and written as JSON.
+
+pass@k uses the unbiased estimator of Chen et al. 2021 (Codex, arXiv 2107.03374):
+    pass@k = 1 - C(n - c, k) / C(n, k)   for n samples of which c passed.
+Samples whose infrastructure failed are excluded from n (they say nothing about the policy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    if n <= 0:
+        raise ValueError(f"pass_at_k: n must be positive, got {n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: c must be in [0, n={n}], got {c}")
+    if k > n:
+        raise ValueError(f"pass_at_k: k={k} exceeds the number of samples n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class Sample:
+    """One evaluated episode."""
+
+    task_id: str
+    passed: bool
+    reward: float
+    generated_tokens: int
+    tool_calls: int
+    tool_errors: int
+    wall_s: float
+    infra_failure: bool = False
+    stop_reason: str = ""
+
+
+@dataclass
+class TaskReport:
+    task_id: str
+    n: int
+    passed: int
+    pass_at_1: float
+    pass_at_k: float
+    mean_tokens: float
+    mean_tool_calls: float
+    mean_wall_s: float
+    infra_failures: int
+
+
+@dataclass
+class BenchReport:
+    name: str
+    k: int
+    tasks: list[TaskReport] = field(default_factory=list)
+
+    @property
+    def pass_at_1(self) -> float:
+        scored = [t for t in self.tasks if t.n > 0]
+        return sum(t.pass_at_1 for t in scored) / len(scored) if scored else 0.0
+
+    @property
+    def pass_at_k(self) -> float:
+        scored = [t for t in self.tasks if t.n > 0]
+        return sum(t.pass_at_k for t in scored) / len(scored) if scored else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        scored = [t for t in self.tasks if t.n > 0]
+
+        def mean(attr: str) -> float:
+            return sum(getattr(t, attr) for t in scored) / len(scored) if scored else 0.0
+
+        return {
+            "name": self.name,
+            "num_tasks": len(self.tasks),
+            "k": self.k,
+            "pass@1": self.pass_at_1,
+            f"pass@{self.k}": self.pass_at_k,
+            "tokens_per_task": mean("mean_tokens"),
+            "tool_calls_per_task": mean("mean_tool_calls"),
+            "wall_s_per_task": mean("mean_wall_s"),
+            "infra_failures": sum(t.infra_failures for t in self.tasks),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        from carl.types import to_jsonable
+
+        return {"summary": self.summary(), "tasks": to_jsonable(self.tasks)}
+
+
+def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
+    by_task: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_task.setdefault(s.task_id, []).append(s)
+    report = BenchReport(name=name, k=k)
+    for task_id, group in by_task.items():
+        ok = [s for s in group if not s.infra_failure]
+        n, c = len(ok), sum(s.passed for s in ok)
+        report.tasks.append(
+            TaskReport(
+                task_id=task_id,
+                n=n,
+                passed=c,
+                pass_at_1=pass_at_k(n, c, 1) if n else 0.0,
+                pass_at_k=pass_at_k(n, c, min(k, n)) if n else 0.0,
+                mean_tokens=_mean([s.generated_tokens for s in ok]),
+                mean_tool_calls=_mean([s.tool_calls for s in ok]),
+                mean_wall_s=_mean([s.wall_s for s in ok]),
+                infra_failures=len(group) - n,
+            )
+        )
+    return report
+
+
+def render_table(report: BenchReport):
+    """A rich Table of the per-task rows and the overall summary."""
+    from rich.table import Table
+
+    table = Table(title=f"{report.name}: pass@1 {report.pass_at_1:.3f}, pass@{report.k} {report.pass_at_k:.3f}")
+    for col in ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "tool calls", "wall s", "infra"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for t in report.tasks:
+        table.add_row(t.task_id, str(t.n), str(t.passed), f"{t.pass_at_1:.2f}", f"{t.pass_at_k:.2f}",
+                      f"{t.mean_tokens:.0f}", f"{t.mean_tool_calls:.1f}", f"{t.mean_wall_s:.1f}", str(t.infra_failures))
+    return table
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0

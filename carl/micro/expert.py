@@ -1,0 +1,198 @@
+"""A scripted expert that solves feature-deletion tasks with the harness's tools.
+
+It knows the answer (the task's gold patch) and acts like a careful engineer: read the file,
+edit the deleted code back in, run the failing tests, finish. With configurable probabilities it
+makes the mistakes a model makes, and recovers from them the way we want a model to:
+
+  bad_call     a malformed tool call (an unknown tool name), then the right call
+  wrong_edit   an edit with a wrong constant, a test run that shows the failure, the fix
+  skip_read    edits without reading the file first (no recovery needed, just less careful)
+
+Its episodes are the warm-start (supervised) data of the embedded default, and a baseline for
+the harness: if the expert does not reach reward 1 on a task, the task or the harness is broken.
+It implements the ChatPolicy protocol (text in, text out), one instance per episode.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from carl.harness.policies import ScriptedTokenPolicy
+from carl.harness.prompts import SUMMARY_REQUEST
+from carl.harness.protocol import render_call
+from carl.types import Message, ToolCall
+
+
+@dataclass(frozen=True)
+class ExpertMistakes:
+    bad_call: float = 0.0
+    """Probability of first emitting a call to a tool that does not exist."""
+    wrong_edit: float = 0.0
+    """Probability of first writing a wrong constant, then fixing it after the tests fail."""
+    skip_read: float = 0.0
+    """Probability of editing without reading the file first."""
+
+    def __post_init__(self) -> None:
+        for name in ("bad_call", "wrong_edit", "skip_read"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"expert.{name}: got {p!r}, expected a probability in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    old: str  # text in the broken file
+    new: str  # text of the original
+
+
+def patch_edits(patch: str) -> list[Edit]:
+    """The hunks of a unified diff as exact search/replace edits (broken text -> original text)."""
+    edits: list[Edit] = []
+    path = None
+    old: list[str] = []
+    new: list[str] = []
+    in_hunk = False
+
+    def flush():
+        if path is not None and in_hunk and (old or new):
+            edits.append(Edit(path, "".join(old), "".join(new)))
+
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("+++ "):
+            flush()
+            in_hunk, old, new = False, [], []
+            target = line[4:].strip().split("\t")[0]
+            path = target[2:] if target.startswith("b/") else target
+        elif line.startswith("--- "):
+            flush()
+            in_hunk, old, new = False, [], []
+        elif line.startswith("@@"):
+            flush()
+            in_hunk, old, new = True, [], []
+        elif in_hunk and line.startswith("\\"):
+            continue  # "\ No newline at end of file"
+        elif in_hunk and line[:1] in (" ", "-", "+"):
+            body = line[1:]
+            if line[0] in (" ", "-"):
+                old.append(body)
+            if line[0] in (" ", "+"):
+                new.append(body)
+    flush()
+    return edits
+
+
+SUMMARY = "Summary: I am restoring the deleted code from its docstring and the failing tests."
+
+
+class ExpertPolicy:
+    """Replays a plan of assistant messages computed from the task's gold patch (a ChatPolicy)."""
+
+    def __init__(self, task, mistakes: ExpertMistakes = ExpertMistakes(), seed: int = 0):
+        self.plan = plan_messages(task, mistakes, random.Random(f"expert-{task.instance_id}-{seed}"))
+        self.step = 0
+
+    def chat(self, messages: list[Message], max_new_tokens: int = 0) -> str:
+        return self.reply(bool(messages) and messages[-1].content == SUMMARY_REQUEST)
+
+    def reply(self, summary_requested: bool) -> str:
+        if summary_requested:
+            return SUMMARY
+        msg = self.plan[min(self.step, len(self.plan) - 1)]
+        self.step += 1
+        return msg
+
+
+def expert_token_policy(tokenizer, task, mistakes: ExpertMistakes = ExpertMistakes(), seed: int = 0):
+    """The expert as a TokenPolicy: canonical tokenizations of its messages, so its episodes are
+    token-exact trajectories in the chat template of the model that learns from them."""
+    expert = ExpertPolicy(task, mistakes, seed)
+    return ScriptedTokenPolicy(
+        tokenizer, lambda prompt: expert.reply(SUMMARY_REQUEST in prompt[-len(SUMMARY_REQUEST) - 100:])
+    )
+
+
+def minimal_edit(e: Edit, file_text: str | None) -> Edit:
+    """Trim the hunk's context lines, keeping just enough for `old` to match once in the file.
+
+    Shorter edits are what a careful engineer writes, and far fewer tokens for a small model to
+    learn. Without the file text the full hunk (always unique for a valid patch) is kept.
+    """
+    if file_text is None:
+        return e
+    old, new = e.old.splitlines(keepends=True), e.new.splitlines(keepends=True)
+    head = 0
+    while head < min(len(old), len(new)) - 1 and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head - 1 and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    lo, hi = head, tail  # context lines we may drop from each end
+    while lo > 0 or hi > 0:
+        cand = "".join(old[lo: len(old) - hi])
+        if cand.strip() and file_text.count(cand) == 1:
+            return Edit(e.path, cand, "".join(new[lo: len(new) - hi]))
+        lo, hi = max(lo - 1, 0), max(hi - 1, 0)
+    return e
+
+
+def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[str]:
+    edits = [minimal_edit(e, _broken_text(task, e.path)) for e in patch_edits(task.patch)]
+    if not edits:
+        raise ValueError(f"task {task.instance_id}: gold patch has no hunks")
+    tests = " ".join(task.FAIL_TO_PASS)
+    plan: list[str] = []
+    paths = list(dict.fromkeys(e.path for e in edits))
+    if rng.random() < mistakes.bad_call:
+        plan.append("Let me open the file." + render_call(ToolCall("open_file", {"path": paths[0]})))
+    if rng.random() >= mistakes.skip_read:
+        reads = "".join(render_call(ToolCall("read_file", {"path": p})) for p in paths)
+        plan.append("I will read the code the failing tests exercise." + reads)
+    wrong = _wrong_edit(edits[0]) if rng.random() < mistakes.wrong_edit else None
+    for i, e in enumerate(edits):
+        if i == 0 and wrong is not None:
+            plan.append("I will implement it from the docstring." + _edit_call(wrong))
+            plan.append("Let me check it." + render_call(ToolCall("run_tests", {"tests": tests})))
+            plan.append("A constant is wrong; fixing it." + _edit_call(Edit(e.path, wrong.new, e.new)))
+        else:
+            plan.append("I will implement it from the docstring." + _edit_call(e))
+    plan.append("Now the tests." + render_call(ToolCall("run_tests", {"tests": tests})))
+    plan.append("The feature is restored." + render_call(ToolCall("finish", {"message": "Restored the deleted code."})))
+    return plan
+
+
+def _broken_text(task, path: str) -> str | None:
+    from carl.tasks import broken_repo_dir
+
+    try:
+        return (broken_repo_dir(task) / path).read_text()
+    except (OSError, ValueError):
+        return None
+
+
+def _edit_call(e: Edit) -> str:
+    return render_call(ToolCall("edit_file", {"path": e.path, "old": e.old, "new": e.new}))
+
+
+def _wrong_edit(e: Edit) -> Edit | None:
+    """The same edit with the first integer literal of the restored code changed, if it has one."""
+    added = e.new
+    m = re.search(r"(?<![\w.])(\d+)(?![\w.])", _code_only(added))
+    if not m:
+        return None
+    offset = _code_offset(added)
+    start, end = m.start(1) + offset, m.end(1) + offset
+    bad = added[:start] + str(int(m.group(1)) + 1) + added[end:]
+    return Edit(e.path, e.old, bad)
+
+
+def _code_offset(text: str) -> int:
+    """Offset just past the docstring (if any): constants inside it are not code."""
+    m = re.search(r'"""[\s\S]*?"""', text)
+    return m.end() if m else 0
+
+
+def _code_only(text: str) -> str:
+    return text[_code_offset(text):]

@@ -1,0 +1,86 @@
+"""Exact checkpoint and resume: model, optimizer, scheduler, RNG streams, data position, step.
+
+Layout under `<run_dir>/checkpoints/`:
+  step_000012/         one complete checkpoint (written as step_000012.tmp-*, then renamed)
+    model/             a Hugging Face folder (save_pretrained, safetensors) + tokenizer
+    trainer.pt         optimizer, scheduler, RNG states, trainer state (step, data position, ...)
+  latest               the name of the newest complete checkpoint (atomically replaced)
+
+A crash while writing leaves only a *.tmp-* directory that resume ignores, so at most the
+current step is lost. Older checkpoints beyond `keep` are deleted after a new one is complete.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from carl.io import atomic_write_text
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
+                    trainer_state: dict[str, Any], keep: int = 2) -> Path:
+    ckpt_root = Path(run_dir) / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=ckpt_root))
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp / "model")
+    torch.save(
+        {
+            "step": step,
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": rng_state(),
+            "trainer_state": trainer_state,
+        },
+        tmp / "trainer.pt",
+    )
+    final = ckpt_root / name
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    atomic_write_text(ckpt_root / "latest", name + "\n")
+    complete = sorted(p for p in ckpt_root.glob("step_*") if ".tmp-" not in p.name)
+    for old in complete[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in ckpt_root.glob("step_*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpt_root = Path(run_dir) / "checkpoints"
+    pointer = ckpt_root / "latest"
+    if not pointer.exists():
+        return None
+    path = ckpt_root / pointer.read_text().strip()
+    return path if (path / "trainer.pt").exists() else None
+
+
+def load_trainer_state(ckpt: Path, optimizer, scheduler) -> tuple[int, dict[str, Any]]:
+    """Restore optimizer, scheduler and RNG from `ckpt`; returns (step, trainer_state)."""
+    blob = torch.load(ckpt / "trainer.pt", weights_only=False)
+    if optimizer is not None and blob["optimizer"] is not None:
+        optimizer.load_state_dict(blob["optimizer"])
+    if scheduler is not None and blob["scheduler"] is not None:
+        scheduler.load_state_dict(blob["scheduler"])
+    set_rng_state(blob["rng"])
+    return blob["step"], blob["trainer_state"]

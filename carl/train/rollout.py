@@ -1,0 +1,116 @@
+"""Rollouts: G episodes per task, each in its own sandbox, rewarded by the task reward.
+
+    tasks --+--> [episode 1: open_sandbox -> run_episode(policy) -> reward + monitor -> close]
+            |--> [episode 2: ...]           (threads; the policy batches their generate calls)
+            +--> [episode G*tasks: ...]
+                            v
+                 groups: list[list[Rollout]]  (one list per task, in task order)
+
+A rollout whose infrastructure failed (sandbox crash, policy error, reward sandbox failure) is
+`valid=False`: it is masked out of its group's advantages, never scored 0. Any exception inside
+one episode becomes such an error record; it never stops the other episodes.
+"""
+
+from __future__ import annotations
+
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from carl.harness.agent import EpisodeLimits, run_episode
+from carl.harness.tools.base import Tool
+from carl.rewards.episode import reward_from_trajectory
+from carl.rewards.monitor import MonitorConfig
+from carl.rewards.reward import RewardConfig
+from carl.sandbox import open_sandbox
+from carl.sandbox.base import SandboxConfig
+from carl.tasks import TaskRecord, broken_repo_dir, sandbox_config_for
+from carl.types import StopReason, Trajectory
+
+
+@dataclass
+class Rollout:
+    task: TaskRecord
+    trajectory: Trajectory
+    reward: float = 0.0
+    valid: bool = True
+    """False for infrastructure failures: masked out of advantages and losses."""
+    passed: bool = False
+    feedback: str = ""
+    """The failing test output of the clean-sandbox reward (self-distillation's hint)."""
+    monitor_flags: list[str] = field(default_factory=list)
+    diff: str = ""
+
+
+def collect_groups(
+    policy_factory: Callable[[int], Any],
+    tasks: list[TaskRecord],
+    group_size: int,
+    limits: EpisodeLimits,
+    tools: dict[str, Tool],
+    sandbox: SandboxConfig,
+    reward: RewardConfig = RewardConfig(),
+    monitor: MonitorConfig = MonitorConfig(),
+    max_workers: int = 16,
+) -> list[list[Rollout]]:
+    """Run `group_size` episodes of every task concurrently; returns one group per task.
+
+    `policy_factory(i)` gives the policy of episode i: the shared batched token policy for RL,
+    or a fresh scripted expert per episode for warm-start data.
+    """
+    jobs = [(t, g) for t in tasks for g in range(group_size)]
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs))) as pool:
+        results = list(pool.map(
+            lambda ij: run_rollout(policy_factory(ij[0]), ij[1][0], limits, tools, sandbox, reward, monitor),
+            enumerate(jobs),
+        ))
+    return [results[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
+
+
+def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dict[str, Tool],
+                base: SandboxConfig, reward: RewardConfig, monitor: MonitorConfig) -> Rollout:
+    try:
+        config = sandbox_config_for(task, base)
+        with open_sandbox(broken_repo_dir(task), config) as sandbox:
+            version = getattr(policy, "policy_version", 0)  # the weights this episode starts with
+            traj = run_episode(policy, sandbox, task, limits, tools)
+            traj.policy_version = version
+            if traj.stop_reason.is_infra_failure:
+                return Rollout(task, traj, valid=False, feedback=traj.error or "")
+            r = reward_from_trajectory(traj, task, sandbox, RewardConfig(
+                timeout_s=reward.timeout_s, max_feedback_chars=reward.max_feedback_chars,
+                max_chars_per_test=reward.max_chars_per_test, sandbox=config), monitor)
+    except Exception:  # a crashed episode becomes an error record, masked from training
+        traj = Trajectory(task_id=task.instance_id, stop_reason=StopReason.SANDBOX_ERROR,
+                          error=traceback.format_exc())
+        return Rollout(task, traj, valid=False, feedback=traj.error)
+    traj.metadata["reward"] = r.reward
+    return Rollout(
+        task=task,
+        trajectory=traj,
+        reward=r.reward,
+        valid=not r.infra_failure,
+        passed=not r.infra_failure and r.result.reward >= 1.0 and not r.monitor.suspicious,
+        feedback=r.result.feedback,
+        monitor_flags=sorted(r.monitor.kinds()),
+        diff=r.diff,
+    )
+
+
+def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:
+    flat = [r for g in groups for r in g]
+    valid = [r for r in flat if r.valid]
+    n = max(len(valid), 1)
+    calls = sum(r.trajectory.num_tool_calls for r in valid)
+    return {
+        "rl/reward_mean": sum(r.reward for r in valid) / n,
+        "rl/pass_rate": sum(r.passed for r in valid) / n,
+        "rl/tokens_per_episode": sum(r.trajectory.num_tokens for r in valid) / n,
+        "rl/generated_tokens_per_episode": sum(r.trajectory.num_generated_tokens for r in valid) / n,
+        "rl/tool_calls_per_episode": calls / n,
+        "rl/tool_error_rate": sum(r.trajectory.num_tool_errors for r in valid) / max(calls, 1),
+        "rl/turns_per_episode": sum(len(r.trajectory.turns) for r in valid) / n,
+        "rl/infra_failures": float(len(flat) - len(valid)),
+        "rl/monitor_flagged": float(sum(bool(r.monitor_flags) for r in valid)),
+    }

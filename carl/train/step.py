@@ -1,0 +1,190 @@
+"""One RL train step: Dr. GRPO on every valid rollout plus self-distillation at the turns that erred.
+
+Legend: B = sequences in a micro-batch, T = tokens, N = scored tokens (flattened), V = vocabulary.
+
+    groups of rollouts
+      -> advantages per group (reward - group mean over valid members)
+      -> one training sequence per token segment (ids, generated mask, rollout log-probs, advantage)
+      -> teacher contexts for the error turns of each segment (hint inserted before the turn)
+      -> per micro-batch: student forward (grad) -> GRPO loss on sampled tokens
+                          teacher forward (no grad) -> top-k KL at the error turns' tokens
+      -> clip grad norm, optimizer step, scheduler step
+
+`old_logprobs` are the trainer's own log-probs before the update (one update per batch: ratio 1,
+the PPO clip matters only for reused batches), and the truncated importance weight
+exp(old - rollout) corrects for the sampler being another numeric path or an older version
+(async staleness > 0 uses the same step unchanged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from carl.rl.advantages import group_advantages
+from carl.rl.grpo import grpo_loss
+from carl.rl.logprobs import pad_right, sequence_logprobs
+from carl.rl.self_distill import (
+    TeacherContext,
+    build_teacher_context,
+    find_error_turns,
+    sampled_token_sd_loss,
+    teacher_logits,
+    topk_kl_loss,
+)
+from carl.train.config import RLConfig
+from carl.train.rollout import Rollout
+
+
+@dataclass
+class TrainSequence:
+    token_ids_T: list[int]
+    generated_mask_T: list[bool]
+    rollout_logprobs_T: list[float]
+    advantage: float
+    use_grpo: bool = True
+    teachers: list[TeacherContext] = field(default_factory=list)
+
+
+def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollout]], cfg: RLConfig,
+            tokenizer: Any, pad_id: int, token_normalizer: float, teacher: Any = None,
+            valid_tools: tuple[str, ...] = (), temperature: float = 1.0) -> dict[str, float]:
+    """One optimizer step on `groups`; `temperature` must be the one the rollouts sampled at, so that
+    the trainer's log-probs and the sampler's describe the same distribution."""
+    seqs = build_sequences(groups, cfg, tokenizer, valid_tools)
+    metrics: dict[str, float] = {"rl/num_sequences": float(len(seqs))}
+    if not seqs:
+        return metrics
+    teacher = model if teacher is None else teacher
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    num_sd_tokens = sum(len(t.teacher_positions) for s in seqs for t in s.teachers)
+    totals = {"loss/grpo": 0.0, "loss/self_distill": 0.0}
+    for micro in micro_batches(seqs, cfg.micro_batch_tokens):
+        ids_B_T, attn_B_T = pad_right([s.token_ids_T for s in micro], pad_id)
+        mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1])
+        grpo_mask_B_T = mask_B_T & torch.tensor([s.use_grpo for s in micro])[:, None]
+        rollout_B_T = _pad_float([s.rollout_logprobs_T for s in micro], ids_B_T.shape[1])
+        advantages_B = torch.tensor([s.advantage for s in micro])
+        need_logits = any(s.teachers for s in micro) and cfg.sd_weight > 0
+        out = sequence_logprobs(model, ids_B_T, attn_B_T, temperature=temperature, return_logits=need_logits)
+        logprobs_B_T, logits_B_T_V = out if need_logits else (out, None)
+
+        loss, m = grpo_loss(logprobs_B_T, logprobs_B_T.detach(), advantages_B, grpo_mask_B_T,
+                            cfg.clip_eps_low, cfg.clip_eps_high, cfg.is_ratio_cap,
+                            rollout_logprobs_B_T=rollout_B_T, token_normalizer=token_normalizer)
+        loss = cfg.grpo_weight * loss
+        totals["loss/grpo"] += float(loss.detach())
+        _accumulate(metrics, {f"grpo/{k}": v for k, v in m.items()}, weight=m["num_tokens"])
+
+        if need_logits:
+            contexts = [t for s in micro for t in s.teachers]
+            t_logits_N_V = teacher_logits(teacher, contexts, pad_id)
+            s_logits_N_V = torch.cat([logits_B_T_V[b, t.student_positions] for b, s in enumerate(micro)
+                                      for t in s.teachers])
+            mask_N = torch.ones(s_logits_N_V.shape[0], dtype=torch.bool)
+            if cfg.sd_loss == "topk":
+                sd, sm = topk_kl_loss(s_logits_N_V, t_logits_N_V, mask_N, cfg.sd_topk)
+            else:
+                rows = torch.cat([logprobs_B_T[b, t.student_positions] for b, s in enumerate(micro) for t in s.teachers])
+                targets = torch.tensor([t.teacher_ids[p] for s in micro for t in s.teachers for p in t.teacher_positions])
+                teacher_lp_N = torch.log_softmax(t_logits_N_V, -1).gather(-1, targets[:, None])[:, 0]
+                sd, sm = sampled_token_sd_loss(rows, teacher_lp_N, mask_N)
+            # each micro-batch's mean KL weighted by its share of all scored tokens: a step-level mean
+            sd = cfg.sd_weight * sd * (mask_N.sum() / max(num_sd_tokens, 1))
+            totals["loss/self_distill"] += float(sd.detach())
+            _accumulate(metrics, {f"sd/{k}": v for k, v in sm.items()}, weight=sm["num_tokens"])
+            loss = loss + sd
+        loss.backward()
+
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    metrics.update(totals)
+    metrics["loss/total"] = totals["loss/grpo"] + totals["loss/self_distill"]
+    metrics["rl/grad_norm"] = float(grad_norm)
+    metrics["sd/num_turns"] = float(sum(len(s.teachers) for s in seqs))
+    return _finish(metrics)
+
+
+def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
+                    valid_tools: tuple[str, ...] = ()) -> list[TrainSequence]:
+    """One TrainSequence per token segment of every valid rollout, with its teacher contexts."""
+    seqs: list[TrainSequence] = []
+    for group in groups:
+        rewards_G = torch.tensor([r.reward for r in group], dtype=torch.float32)
+        valid_G = torch.tensor([r.valid and bool(r.trajectory.segments) for r in group])
+        advantages_G = group_advantages(rewards_G, valid_G)
+        sibling = next((r.trajectory for r in group if r.valid and r.passed), None)
+        for r, adv, ok in zip(group, advantages_G.tolist(), valid_G.tolist()):
+            if not ok or not any(s.token_ids_T for s in r.trajectory.segments):
+                continue
+            use_grpo = r.passed or not cfg.route_by_outcome
+            use_sd = cfg.sd_weight > 0 and (not r.passed or not cfg.route_by_outcome)
+            teachers_by_segment: dict[int, list[TeacherContext]] = {}
+            if use_sd:
+                errors = find_error_turns(r.trajectory, None if r.passed else r.feedback,
+                                          sibling if sibling is not r.trajectory else None, valid_tools)
+                for e in errors:
+                    try:
+                        t = build_teacher_context(r.trajectory, e.turn, e.hint, tokenizer)
+                    except ValueError:  # e.g. a turn cut by the token limit has no full run: skip it
+                        continue
+                    teachers_by_segment.setdefault(t.segment, []).append(t)
+            for i, seg in enumerate(r.trajectory.segments):
+                if not seg.token_ids_T:
+                    continue
+                seqs.append(TrainSequence(seg.token_ids_T, seg.generated_mask_T, seg.logprobs_T, adv,
+                                          use_grpo, teachers_by_segment.get(i, [])))
+    return seqs
+
+
+def micro_batches(seqs: list[TrainSequence], max_tokens: int) -> list[list[TrainSequence]]:
+    """Greedy packing by padded size (longest sequence x count <= max_tokens; at least one each)."""
+    batches: list[list[TrainSequence]] = []
+    current: list[TrainSequence] = []
+    for s in sorted(seqs, key=lambda s: len(s.token_ids_T)):
+        longest = max([len(x.token_ids_T) for x in current] + [len(s.token_ids_T)])
+        if current and longest * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(s)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _pad_bool(rows: list[list[bool]], T: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.tensor(r, dtype=torch.bool)
+    return out
+
+
+def _pad_float(rows: list[list[float]], T: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), T)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.tensor(r)
+    return out
+
+
+def _accumulate(metrics: dict[str, float], m: dict[str, float], weight: float) -> None:
+    """Token-weighted running sums; `_finish` turns them into means."""
+    for k, v in m.items():
+        if k.endswith("num_tokens"):
+            metrics[k] = metrics.get(k, 0.0) + v
+        else:
+            metrics[k + "/_sum"] = metrics.get(k + "/_sum", 0.0) + v * weight
+            metrics[k + "/_w"] = metrics.get(k + "/_w", 0.0) + weight
+
+
+def _finish(metrics: dict[str, float]) -> dict[str, float]:
+    out = {k: v for k, v in metrics.items() if not k.endswith(("/_sum", "/_w"))}
+    for k in [k for k in metrics if k.endswith("/_sum")]:
+        base = k.removesuffix("/_sum")
+        out[base] = metrics[k] / max(metrics[base + "/_w"], 1e-9)
+    return out

@@ -1,0 +1,70 @@
+"""Supervised warm start on expert trajectories (loss on model-generated tokens only).
+
+    training tasks --scripted expert (carl.micro.expert), real sandboxes + harness + reward-->
+        token-exact trajectories in the policy's chat template
+    keep the ones that scored reward 1 --> next-token loss on the expert's (generated) tokens
+
+The expert runs through the same `collect_groups` as RL rollouts, so its data has exactly the
+prompt, tools and observations the policy will see.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from carl.harness.agent import EpisodeLimits
+from carl.harness.tools.base import Tool
+from carl.micro.expert import ExpertMistakes, expert_token_policy
+from carl.rl.logprobs import pad_right, sequence_logprobs
+from carl.sandbox.base import SandboxConfig
+from carl.tasks import TaskRecord
+from carl.train.rollout import Rollout, collect_groups
+from carl.train.step import _pad_bool, micro_batches, TrainSequence
+
+
+def expert_rollouts(tasks: list[TaskRecord], tokenizer: Any, num_episodes: int, mistakes: ExpertMistakes,
+                    limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig,
+                    seed: int) -> list[Rollout]:
+    chosen = [tasks[i % len(tasks)] for i in range(num_episodes)]
+    groups = collect_groups(lambda i: expert_token_policy(tokenizer, chosen[i], mistakes, seed=seed * 7919 + i),
+                            chosen, 1, limits, tools, sandbox)
+    return [g[0] for g in groups]
+
+
+def sft_loss(logprobs_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean negative log-likelihood of the masked (model-generated) tokens."""
+    maskf = mask_B_T.float()
+    n = maskf.sum().clamp(min=1)
+    loss = -(logprobs_B_T.float() * maskf).sum() / n
+    return loss, {"nll": float(loss.detach()), "num_tokens": float(maskf.sum())}
+
+
+def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, batch_size: int,
+              micro_batch_tokens: int, grad_clip: float, rng: random.Random, on_batch=None) -> list[float]:
+    """One pass over the successful rollouts' segments in random order; returns the batch losses."""
+    seqs = [TrainSequence(s.token_ids_T, s.generated_mask_T, s.logprobs_T, 0.0)
+            for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if s.token_ids_T]
+    rng.shuffle(seqs)
+    losses = []
+    model.train()
+    for start in range(0, len(seqs), batch_size):
+        batch = seqs[start : start + batch_size]
+        total_tokens = sum(sum(s.generated_mask_T) for s in batch)
+        optimizer.zero_grad(set_to_none=True)
+        batch_loss = 0.0
+        for micro in micro_batches(batch, micro_batch_tokens):
+            ids_B_T, attn_B_T = pad_right([s.token_ids_T for s in micro], pad_id)
+            mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1])
+            loss, m = sft_loss(sequence_logprobs(model, ids_B_T, attn_B_T), mask_B_T)
+            loss = loss * (m["num_tokens"] / max(total_tokens, 1))  # token-weighted mean over the batch
+            loss.backward()
+            batch_loss += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
+        optimizer.step()
+        losses.append(batch_loss)
+        if on_batch is not None:
+            on_batch(batch_loss)
+    return losses

@@ -1,0 +1,31 @@
+import math
+
+import pytest
+
+from carl.eval.report import Sample, build_report, pass_at_k
+
+
+def test_pass_at_k_matches_hand_values():
+    assert pass_at_k(4, 0, 1) == 0.0
+    assert pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - math.comb(3, 3) / math.comb(5, 3))
+    with pytest.raises(ValueError, match="exceeds"):
+        pass_at_k(2, 1, 3)
+
+
+def test_infra_failures_are_excluded_not_zero():
+    s = [
+        Sample("a", True, 1.0, 10, 3, 0, 1.0),
+        Sample("a", False, 0.0, 20, 5, 1, 2.0, infra_failure=True),
+        Sample("b", False, 0.0, 30, 4, 0, 3.0),
+        Sample("b", True, 1.0, 10, 2, 0, 1.0),
+    ]
+    r = build_report("t", s, k=2)
+    a, b = r.tasks
+    assert (a.n, a.passed, a.pass_at_1, a.infra_failures) == (1, 1, 1.0, 1)
+    assert (b.n, b.pass_at_1, b.pass_at_k) == (2, 0.5, 1.0)
+    assert r.pass_at_1 == pytest.approx(0.75)
+    assert r.summary()["tokens_per_task"] == pytest.approx((10 + 20) / 2)
