@@ -7,12 +7,14 @@ directory. Paths given to read/write/list are relative to the workspace (absolut
 
 Backends (carl.sandbox.open_sandbox): "local" (a temp-dir copy, no isolation, development
 only), "bwrap" (bubblewrap namespaces, the default), "remote" (an HTTP environment server).
+What each backend does not guarantee: docs/sandbox.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class SandboxConfig:
     cpu_s: int = 600
     """CPU-time limit per process (RLIMIT_CPU), in seconds."""
     max_procs: int = 256
-    """Process limit inside the sandbox (bwrap: counted in its own user namespace)."""
+    """Process limit (RLIMIT_NPROC). bwrap: counts only this sandbox's processes (a uid of its own
+    when the host runs as root, its own user namespace otherwise); local: not applied."""
     max_output_bytes: int = 1_000_000
     """stdout and stderr of one exec are each cut to this many bytes (a truncation marker is added)."""
     network: bool = False
@@ -38,6 +41,9 @@ class SandboxConfig:
     """Extra host paths bound read-only at the same path (e.g. a shared model cache)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for every exec."""
+    scratch_dir: str | None = None
+    """Host directory the workspace copies are made in (default: the system temp dir). A tmpfs such
+    as /dev/shm makes create+close several times faster and costs RAM for every open copy."""
     server_url: str | None = None
     """remote backend: base URL of `carl env serve`."""
     server_token: str | None = None

@@ -1,0 +1,58 @@
+"""Workspace copies and confined file operations (shared by the local and bwrap backends)."""
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from carl.sandbox.base import SandboxPathError
+from carl.sandbox.workspace import SMALL_TREE_ENTRIES, Workspace, copy_tree
+
+
+def make_tree(root, num_files):
+    (root / "d").mkdir(parents=True)
+    for i in range(num_files):
+        (root / "d" / f"f{i}.txt").write_text(f"file {i}\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    os.symlink("d/f0.txt", root / "link")
+    return root
+
+
+def snapshot(root):
+    out = {}
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            body = os.readlink(p) if os.path.islink(p) else Path(p).read_text()
+            out[rel] = (stat.S_IMODE(st.st_mode), stat.S_ISLNK(st.st_mode), body)
+    return out
+
+
+@pytest.mark.parametrize("num_files", [3, SMALL_TREE_ENTRIES + 10])  # in-process copy, then cp -a
+def test_copy_keeps_contents_modes_and_symlinks(tmp_path, num_files):
+    src = make_tree(tmp_path / "src", num_files)
+    copy_tree(src, tmp_path / "dst")
+    assert snapshot(tmp_path / "dst") == snapshot(src)
+    assert os.path.islink(tmp_path / "dst" / "link")
+
+
+def test_resolve_rejects_escapes_and_accepts_inside(tmp_path):
+    root = make_tree(tmp_path / "ws", 1)
+    os.symlink("/etc/passwd", root / "abs_link")
+    os.symlink("../..", root / "up_link")
+    ws = Workspace(root)
+    assert ws.resolve("d/../run.sh") == root.resolve() / "run.sh"
+    assert ws.read_file("link") == b"file 0\n"  # a symlink that stays inside is fine
+    for bad in ("/etc/passwd", "../x", "d/../../x", "abs_link", "up_link/etc", "a\x00b"):
+        with pytest.raises(SandboxPathError):
+            ws.resolve(bad, must_exist=False)
+    with pytest.raises(SandboxPathError, match="no such file"):
+        ws.read_file("missing.txt")
+    with pytest.raises(SandboxPathError, match="directory"):
+        ws.read_file("d")
+    with pytest.raises(SandboxPathError, match="directory"):
+        ws.write_file(".", b"x")
