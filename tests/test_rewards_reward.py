@@ -1,0 +1,179 @@
+"""compute_reward: the agent's non-test changes, the original tests, a fresh sandbox."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from rewards_fixture import FIB_GOLD, FIB_STUB, make_task, sandbox_config
+
+from carl.rewards import RewardConfig, compute_reward, junit_key, parse_junit, reward_from_trajectory
+from carl.sandbox import open_sandbox
+from carl.sandbox.base import SandboxError
+from carl.types import StopReason, Trajectory
+
+CONFIG = RewardConfig(sandbox=sandbox_config("local"), timeout_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return make_task(tmp_path_factory.mktemp("reward"))
+
+
+def _reward(task, edits: dict[str, bytes | None], config: RewardConfig = CONFIG, shell: str = ""):
+    """Apply `edits` (None deletes) in an agent sandbox, then score it."""
+    with open_sandbox(task.broken_repo, config.sandbox) as agent:
+        for path, data in edits.items():
+            if data is None:
+                agent.exec(["rm", path])
+            else:
+                agent.write_file(path, data)
+        if shell:
+            agent.exec(shell)
+        return compute_reward(task, agent, config)
+
+
+def _ops(task, fib: str) -> bytes:
+    with open(f"{task.broken_repo}/calc/ops.py") as f:
+        return f.read().replace(FIB_STUB, fib).encode()
+
+
+def test_gold_patch_scores_one(task):
+    r = _reward(task, {"calc/ops.py": _ops(task, FIB_GOLD)})
+    assert (r.reward, r.fraction_passed, r.infra_failure) == (1.0, 1.0, False)
+    assert set(r.tests.values()) == {"passed"} and len(r.tests) == 4
+    assert r.feedback == "" and r.applied == ("calc/ops.py",)
+
+
+def test_untouched_broken_repo_scores_zero_with_feedback(task):
+    r = _reward(task, {})
+    assert (r.reward, r.fraction_passed, r.infra_failure) == (0.0, 0.25, False)
+    assert r.tests["tests/test_ops.py::test_add"] == "passed"
+    assert r.tests["tests/test_ops.py::test_fib_10"] == "failed"
+    assert "FAILED tests/test_ops.py::test_fib_10" in r.feedback and "NotImplementedError" in r.feedback
+    assert "FAIL_TO_PASS 0/3 passed, PASS_TO_PASS 1/1 passed" in r.feedback
+
+
+def test_test_edits_are_not_applied(task):
+    """Gutting the tests, adding a conftest that skips everything or a sitecustomize: the
+    original tests still run and still fail."""
+    r = _reward(
+        task,
+        {
+            "tests/test_ops.py": b"def test_fib_10():\n    assert True\n",
+            "conftest.py": b"import pytest\n\ndef pytest_runtest_call(item):\n    pytest.skip('x')\n",
+            "sitecustomize.py": b"import os\nos._exit(0)\n",
+            "calc/ops.py": _ops(task, FIB_STUB + "\n# touched\n"),
+        },
+    )
+    assert r.reward == 0.0 and r.tests["tests/test_ops.py::test_fib_10"] == "failed"
+    assert set(r.ignored) == {"tests/test_ops.py", "conftest.py", "sitecustomize.py"}
+    assert r.applied == ("calc/ops.py",)
+
+
+def test_deleting_a_test_file_does_not_delete_it_in_the_reward(task):
+    r = _reward(task, {"tests/test_ops.py": None, "calc/ops.py": _ops(task, FIB_GOLD)})
+    assert r.reward == 1.0 and r.ignored == ("tests/test_ops.py",)
+
+
+def test_deleted_source_file_is_deleted_in_the_reward(task):
+    r = _reward(task, {"calc/ops.py": None})
+    assert r.reward == 0.0 and set(r.tests.values()) == {"error"} and r.applied == ("calc/ops.py",)
+    assert "ModuleNotFoundError" in r.feedback or "No module named" in r.feedback
+
+
+def test_module_turned_into_a_package(task):
+    """Deletions are applied before writes: calc/ops.py removed, calc/ops/__init__.py added."""
+    r = _reward(task, {"calc/ops.py": None, "calc/ops/__init__.py": _ops(task, FIB_GOLD)})
+    assert r.reward == 1.0 and set(r.applied) == {"calc/ops.py", "calc/ops/__init__.py"}
+
+
+def test_task_without_tests_or_without_pytest_is_an_infra_failure(task):
+    no_tests = dataclasses.replace(task, FAIL_TO_PASS=(), PASS_TO_PASS=())
+    no_pytest = dataclasses.replace(task, test_command=("/usr/bin/python3", "-m", "pytest"))
+    with open_sandbox(task.broken_repo, CONFIG.sandbox) as agent:
+        assert "no FAIL_TO_PASS" in compute_reward(no_tests, agent, CONFIG).infra_error
+        r = compute_reward(no_pytest, agent, CONFIG)
+    assert r.infra_failure and "No module named pytest" in r.infra_error
+
+
+def test_hanging_code_times_out_as_a_zero_not_an_infra_failure(task):
+    hang = FIB_STUB.replace("raise NotImplementedError", "while True:\n        pass")
+    r = _reward(task, {"calc/ops.py": _ops(task, hang)}, dataclasses.replace(CONFIG, timeout_s=2.5))
+    assert r.reward == 0.0 and not r.infra_failure
+    assert set(r.tests.values()) == {"timeout"} and "timeout" in r.feedback
+
+
+def test_agent_code_that_kills_pytest_scores_zero(task):
+    r = _reward(task, {"calc/__init__.py": b"import os\nos._exit(0)\n"})
+    assert r.reward == 0.0 and not r.infra_failure and set(r.tests.values()) == {"missing"}
+
+
+def test_sandbox_that_cannot_open_is_an_infra_failure(task):
+    def broken_open(source, config):
+        raise SandboxError("bwrap: cannot create namespace")
+
+    with open_sandbox(task.broken_repo, CONFIG.sandbox) as agent:
+        r = compute_reward(task, agent, CONFIG, open_sandbox=broken_open)
+    assert r.infra_failure and "cannot create namespace" in r.infra_error
+    assert r.tests == {}
+
+
+def test_missing_test_runner_is_an_infra_failure(task):
+    bad = dataclasses.replace(task, test_command=("no-such-test-runner",))
+    with open_sandbox(task.broken_repo, CONFIG.sandbox) as agent:
+        r = compute_reward(bad, agent, CONFIG)
+    assert r.infra_failure and "could not start" in r.infra_error
+
+
+def test_policy_and_sandbox_errors_are_infra_failures_without_running_tests(task):
+    def never_open(source, config):
+        raise AssertionError("no tests may run for an infra failure")
+
+    for reason in (StopReason.POLICY_ERROR, StopReason.SANDBOX_ERROR):
+        traj = Trajectory(task_id=task.instance_id, stop_reason=reason, error="Traceback: boom")
+        ep = reward_from_trajectory(traj, task, None, CONFIG, open_sandbox=never_open)
+        assert ep.infra_failure and "boom" in ep.result.infra_error and ep.reward == 0.0
+
+
+def test_feedback_is_capped(task):
+    r = _reward(task, {}, dataclasses.replace(CONFIG, max_feedback_chars=200, max_chars_per_test=50))
+    assert len(r.feedback) < 300 and "characters cut" in r.feedback
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="reward.timeout_s"):
+        RewardConfig(timeout_s=0)
+
+
+# ------------------------------------------------------------------------------ junit parsing
+
+JUNIT = b"""<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.test_a" name="test_ok" time="0.1"/>
+<testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2">trace</failure></testcase>
+<testcase classname="tests.test_a.TestK" name="test_p[1-x]"><skipped message="xfail"/></testcase>
+<testcase classname="tests.test_a" name="test_td"/>
+<testcase classname="tests.test_a" name="test_td"><error message="teardown">boom</error></testcase>
+<testcase classname="tests.test_a" name="test_other"/>
+</testsuite></testsuites>"""
+
+
+def test_junit_key_mirrors_pytest():
+    assert junit_key("tests/test_a.py::TestK::test_p[1-x]") == ("tests.test_a.TestK", "test_p[1-x]")
+    assert junit_key("test_b.py::test_c[a/b::c]") == ("test_b", "test_c[a/b::c]")
+
+
+def test_parse_junit_outcomes_and_worst_wins():
+    ids = [
+        "tests/test_a.py::test_ok",
+        "tests/test_a.py::test_bad",
+        "tests/test_a.py::TestK::test_p[1-x]",
+        "tests/test_a.py::test_td",
+        "tests/test_a.py::test_absent",
+    ]
+    assert parse_junit(JUNIT, ids) == {
+        "tests/test_a.py::test_ok": "passed",
+        "tests/test_a.py::test_bad": "failed",
+        "tests/test_a.py::TestK::test_p[1-x]": "skipped",
+        "tests/test_a.py::test_td": "error",
+    }
