@@ -1,0 +1,359 @@
+"""Continuous batched sampling for a token-level policy: the decode loop and the request queue.
+
+Several agent episodes call `generate` from their own threads. Each call becomes a `Request` in
+a queue. One batcher thread runs `decode_loop`: it keeps a left-padded batch of live rows with
+a shared KV cache and, before every decode step, admits waiting requests (up to
+`max_batch_size` rows): they are prefilled as their own padded batch and merged into the live
+one (caches and attention masks left-padded to a common length). Each row stops on its own
+stop ids or token budget, leaves the batch at once (its cache row is dropped) and its caller
+wakes up, so an episode can run its tools while the others keep generating.
+
+    episode threads                       batcher thread (decode_loop)
+    generate() ──┐                  ┌─> admit: prefill new requests, merge into the live batch
+    generate() ──┼──> queue ──> ────┤   decode one token for every live row
+    generate() ──┘   (wait)         └─> finished rows: result -> Event.set() -> caller returns
+
+The loop holds the policy's weights lock while any row is live; a weight update asks it to stop
+admitting (`paused`), the live rows finish, and the new weights load before the next admission,
+so one generation never mixes two weight versions.
+
+Shapes: B = live rows, S = cached positions (left-padded), L = padded prompt length, V = vocabulary.
+
+Log-probs: each sampled id comes with log softmax(logits / temperature) at that id, over the
+full vocabulary, i.e. *after* temperature and *before* top-p truncation. That is the quantity
+the trainer recomputes (`carl.rl.logprobs.sequence_logprobs` with the same temperature), so the
+importance ratio compares like with like; with top_p = 1 (the RL default) it is exactly the
+log-prob of the distribution sampled from. Temperature 0 means greedy decoding, reported at
+temperature 1.
+
+Randomness: every request carries its own `torch.Generator` (seeded by the policy from its seed
+and the request's arrival number), so a request's samples do not depend on which other requests
+share its batch, and sequential calls under the same seed repeat exactly. Batch composition can
+still change logits in the last bits (padding changes matmul shapes).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from carl.harness.policies import Generation
+
+
+class RoutingRecorder(Protocol):
+    """Hook for MoE router replay (see carl.systems.router_replay); integration comes later.
+
+    When a recorder is given, every forward runs with `output_router_logits=True` and the
+    recorder sees each forward's router logits with the request ids of its rows (a prefill
+    covers the padded prompts, a decode step one token per row); `pop` returns the record
+    stored in `Generation.routing` when a request finishes.
+    """
+
+    def record(
+        self, request_ids: Sequence[int], attention_mask_B_T: torch.Tensor, router_logits: Any
+    ) -> None: ...
+
+    def pop(self, request_id: int) -> Any: ...
+
+
+@dataclass
+class Request:
+    """One `generate` call: its inputs, the tokens sampled so far, and how its caller is woken."""
+
+    request_id: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    generator: torch.Generator
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Generation | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float  # 0 = greedy
+    top_p: float  # nucleus sampling mass in (0, 1]
+
+
+@dataclass
+class LiveBatch:
+    """The rows being decoded: each row's cache, mask, next input id and its position."""
+
+    rows: list[Request]
+    cache: Any  # transformers DynamicCache, [B, heads, S, head_dim] per layer
+    attn_B_S: torch.Tensor  # 1 where the cache holds a real token
+    next_B: torch.Tensor  # the id each row feeds next (sampled, not yet in the cache)
+    pos_B: torch.Tensor  # the position id of next_B
+
+
+def decode_loop(
+    model: Any,
+    admit: Callable[[int], list[Request]],
+    deliver: Callable[[Request], None],
+    sampling: SamplingParams,
+    pad_id: int,
+    max_rows: int,
+    recorder: RoutingRecorder | None = None,
+) -> int:
+    """Decode until no row is live and `admit` has nothing more; returns the number of forwards.
+
+    `admit(n)` returns up to n waiting requests (non-blocking); `deliver(request)` is called
+    once per request when it finishes, with `request.result` set.
+    """
+    batch: LiveBatch | None = None
+    num_forwards = 0
+    with torch.inference_mode():
+        while True:
+            new = admit(max_rows - (len(batch.rows) if batch else 0))
+            if batch is None and not new:
+                return num_forwards
+            if batch is not None:
+                batch = decode_step(model, batch, sampling, deliver, recorder)
+                num_forwards += 1
+            if new:
+                fresh = prefill(model, new, sampling, pad_id, deliver, recorder)
+                num_forwards += 1
+                batch = merge(batch, fresh)
+
+
+def prefill(
+    model: Any,
+    requests: Sequence[Request],
+    sampling: SamplingParams,
+    pad_id: int,
+    deliver: Callable[[Request], None],
+    recorder: RoutingRecorder | None,
+) -> LiveBatch | None:
+    """Run the prompts as one left-padded batch, sample each row's first token."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    L = max(len(r.prompt_ids) for r in requests)
+    ids_B_L = torch.full((len(requests), L), pad_id, dtype=torch.long)
+    attn_B_L = torch.zeros((len(requests), L), dtype=torch.long)
+    for i, r in enumerate(requests):
+        ids_B_L[i, L - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        attn_B_L[i, L - len(r.prompt_ids) :] = 1
+    ids_B_L, attn_B_L = ids_B_L.to(device), attn_B_L.to(device)
+    pos_B_L = (attn_B_L.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    logits_B_V = _forward(model, list(requests), ids_B_L, attn_B_L, pos_B_L, cache, recorder)
+    if cache.get_seq_length() != L:
+        # an older transformers ignores the `cache=` keyword (it was `past_key_values`) and
+        # would silently decode without context
+        raise RuntimeError("the model did not fill the KV cache: carl needs transformers >= 5.24")
+    batch = LiveBatch(list(requests), cache, attn_B_L, pos_B_L[:, -1], pos_B_L[:, -1] + 1)
+    return _sample_and_retire(batch, logits_B_V, sampling, deliver, recorder)
+
+
+def decode_step(
+    model: Any,
+    batch: LiveBatch,
+    sampling: SamplingParams,
+    deliver: Callable[[Request], None],
+    recorder: RoutingRecorder | None,
+) -> LiveBatch | None:
+    """Feed every row its next id, sample the one after it."""
+    batch.attn_B_S = torch.cat([batch.attn_B_S, batch.attn_B_S.new_ones((len(batch.rows), 1))], dim=1)
+    logits_B_V = _forward(
+        model, batch.rows, batch.next_B[:, None], batch.attn_B_S, batch.pos_B[:, None], batch.cache, recorder
+    )
+    batch.pos_B = batch.pos_B + 1
+    return _sample_and_retire(batch, logits_B_V, sampling, deliver, recorder)
+
+
+def _forward(model, rows, ids_B_T, attn_B_S, pos_B_T, cache, recorder) -> torch.Tensor:
+    out = model(
+        input_ids=ids_B_T,
+        attention_mask=attn_B_S,
+        position_ids=pos_B_T,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        **({"output_router_logits": True} if recorder is not None else {}),
+    )
+    if recorder is not None:
+        recorder.record([r.request_id for r in rows], attn_B_S, out.router_logits)
+    return out.logits[:, -1, :]
+
+
+def _sample_and_retire(
+    batch: LiveBatch,
+    logits_B_V: torch.Tensor,
+    sampling: SamplingParams,
+    deliver: Callable[[Request], None],
+    recorder: RoutingRecorder | None,
+) -> LiveBatch | None:
+    """Sample one id per row; deliver the rows that finished and drop them from the batch."""
+    next_B, logprob_B = sample_tokens(logits_B_V, [r.generator for r in batch.rows], sampling)
+    keep = []
+    for j, (r, tok, lp) in enumerate(zip(batch.rows, next_B.tolist(), logprob_B.tolist(), strict=True)):
+        r.token_ids.append(tok)
+        r.logprobs.append(lp)
+        if tok in r.stop_ids or len(r.token_ids) >= r.max_new_tokens:
+            r.finish_reason = "stop" if tok in r.stop_ids else "length"
+            routing = recorder.pop(r.request_id) if recorder is not None else None
+            r.result = Generation(r.token_ids, r.logprobs, r.finish_reason, routing)  # type: ignore[arg-type]
+            deliver(r)
+        else:
+            keep.append(j)
+    if not keep:
+        return None
+    batch.next_B = next_B
+    if len(keep) < len(batch.rows):
+        keep_B = torch.tensor(keep, dtype=torch.long, device=next_B.device)
+        batch.cache.batch_select_indices(keep_B)
+        batch.rows = [batch.rows[j] for j in keep]
+        batch.attn_B_S, batch.next_B, batch.pos_B = (
+            batch.attn_B_S[keep_B],
+            next_B[keep_B],
+            batch.pos_B[keep_B],
+        )
+    return batch
+
+
+def merge(a: LiveBatch | None, b: LiveBatch | None) -> LiveBatch | None:
+    """One batch holding the rows of both, caches and masks left-padded to a common length."""
+    if a is None or b is None:
+        return a if b is None else b
+    from transformers.cache_utils import DynamicLayer
+
+    S = max(a.attn_B_S.shape[1], b.attn_B_S.shape[1])
+    for la, lb in zip(a.cache.layers, b.cache.layers, strict=True):
+        if type(la) is not DynamicLayer or type(lb) is not DynamicLayer:
+            raise TypeError(
+                f"cannot merge KV cache layers of type {type(la).__name__}; expected DynamicLayer"
+            )
+        la.keys = torch.cat([_left_pad(la.keys, S, dim=2), _left_pad(lb.keys, S, dim=2)])
+        la.values = torch.cat([_left_pad(la.values, S, dim=2), _left_pad(lb.values, S, dim=2)])
+    a.attn_B_S = torch.cat([_left_pad(a.attn_B_S, S, dim=1), _left_pad(b.attn_B_S, S, dim=1)])
+    a.rows = a.rows + b.rows
+    a.next_B = torch.cat([a.next_B, b.next_B])
+    a.pos_B = torch.cat([a.pos_B, b.pos_B])
+    return a
+
+
+def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim) + [missing, 0]  # F.pad lists dims from the last one
+    return F.pad(x, pad)
+
+
+def sample_tokens(
+    logits_B_V: torch.Tensor, generators: Sequence[torch.Generator], sampling: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampled id per row (row i uses generators[i]) and its log-prob (see module docstring)."""
+    logits_B_V = logits_B_V.float()
+    if sampling.temperature == 0:
+        next_B = logits_B_V.argmax(-1)
+        logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)
+        return next_B, logprobs_B_V.gather(-1, next_B[:, None])[:, 0]
+    logprobs_B_V = torch.log_softmax(logits_B_V / sampling.temperature, dim=-1)
+    probs_B_V = logprobs_B_V.exp()
+    if sampling.top_p < 1.0:
+        probs_B_V = top_p_filter(probs_B_V, sampling.top_p)
+    next_B = torch.stack(
+        [torch.multinomial(probs_B_V[i], 1, generator=g)[0] for i, g in enumerate(generators)]
+    )
+    return next_B, logprobs_B_V.gather(-1, next_B[:, None])[:, 0]
+
+
+def top_p_filter(probs_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest set whose mass reaches `top_p` (the top token stays)."""
+    sorted_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
+    mass_before_B_V = sorted_B_V.cumsum(-1) - sorted_B_V  # mass of strictly more likely tokens
+    sorted_B_V = sorted_B_V.masked_fill(mass_before_B_V >= top_p, 0.0)
+    return torch.zeros_like(probs_B_V).scatter(-1, order_B_V, sorted_B_V)
+
+
+class RequestBatcher:
+    """Owns the queue and the batcher thread, which calls `run(admit, deliver)` when work arrives.
+
+    `run` must call `admit(n)` until it returns nothing and `deliver(request)` for each finished
+    request; if `run` raises, every admitted request not yet delivered gets the error.
+    """
+
+    def __init__(self, run: Callable[..., Any], wait_s: float):
+        self._run = run
+        self._wait_s = wait_s
+        self._queue: queue.Queue[Request | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stopping = False  # the close sentinel was seen: admit nothing more
+        self.paused = threading.Event()  # set: admit nothing new (a weight update is waiting)
+
+    def submit(self, request: Request) -> Generation:
+        """Queue `request`, block until it has been decoded, return its Generation (or raise)."""
+        with self._lock:  # put under the lock: nothing may follow close()'s sentinel
+            if self._closed:
+                raise RuntimeError("the policy was closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="carl-policy-batcher", daemon=True)
+                self._thread.start()
+            self._queue.put(request)
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    def close(self) -> None:
+        """Stop the thread after the queued requests are done."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            first = self._queue.get()  # block until there is work
+            if first is None:
+                return
+            time.sleep(self._wait_s)  # let concurrent callers join the first prefill
+            self._serve(first)
+
+    def _serve(self, first: Request) -> None:
+        waiting = [first]
+        live: list[Request] = []
+
+        def admit(n: int) -> list[Request]:
+            taken = waiting[:n]
+            del waiting[:n]
+            while len(taken) < n and not self.paused.is_set() and not self._stopping:
+                try:
+                    r = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if r is None:
+                    self._stopping = True
+                else:
+                    taken.append(r)
+            live.extend(taken)
+            return taken
+
+        def deliver(r: Request) -> None:
+            live.remove(r)
+            r.done.set()
+
+        try:
+            self._run(admit, deliver)
+        except BaseException as e:  # noqa: BLE001 -- handed to the callers, who re-raise it
+            for r in live + waiting:
+                r.error = e
+                r.done.set()

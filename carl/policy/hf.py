@@ -1,0 +1,197 @@
+"""A token-level policy over any Hugging Face causal LM (dense or MoE) loaded from a local path.
+
+`HFPolicy` implements the harness's `TokenPolicy` protocol (`generate(prompt_ids,
+max_new_tokens, stop_ids) -> Generation` plus `.tokenizer`), so trajectories are token-exact:
+the harness builds the context ids, the policy returns the ids it sampled and their log-probs.
+Concurrent `generate` calls from episode threads are grouped into padded batches by
+`carl.policy.batching` (continuous batching; see its docstring for log-prob and seeding
+semantics).
+
+The trainer sends new weights with `update_weights(state_dict)`; the update stops new requests
+from starting, waits for the live ones to finish (generations never mix two weight versions),
+loads the weights and bumps `policy_version`.
+
+Not covered: prompts longer than the model's context window are the caller's problem (the harness keeps
+contexts within budget through self-summarisation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from carl.errors import UserError
+from carl.harness.policies import Generation
+from carl.policy.batching import Request, RequestBatcher, RoutingRecorder, SamplingParams, decode_loop
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class HFPolicyConfig:
+    path: str
+    """Local folder of a Hugging Face causal LM (config.json, weights, tokenizer)."""
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Inference weights dtype. bf16 halves memory; decode speed on CPU measured about equal to fp32
+    (SmolLM2-135M, 2-16 threads), so pick fp32 on CPU if bit-closeness to an fp32 trainer matters."""
+    device: str = "cpu"
+    """torch device for inference, e.g. "cpu" or "cuda:0"."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 = greedy. Log-probs are reported at this temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 keeps the reported log-probs exact for the trainer."""
+    max_batch_size: int = 8
+    """Most requests decoded together in one padded batch; later ones join as rows finish."""
+    batch_wait_s: float = 0.005
+    """When idle, how long the batcher waits after a first request so concurrent ones share its prefill."""
+    seed: int = 0
+    """Seeds the per-request generators (request n uses seed * 1_000_003 + n)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: got {self.dtype!r}, expected one of {sorted(DTYPES)}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature: got {self.temperature}, expected >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: got {self.top_p}, expected a value in (0, 1]")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size: got {self.max_batch_size}, expected >= 1")
+        if self.batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s: got {self.batch_wait_s}, expected >= 0")
+
+
+class HFPolicy:
+    """Batched, seeded sampling from a local HF causal LM; thread-safe `generate`."""
+
+    def __init__(self, config: HFPolicyConfig, routing_recorder: RoutingRecorder | None = None):
+        self.config = config
+        self.tokenizer, self.model = load_model(config.path, DTYPES[config.dtype], config.device)
+        self.policy_version = 0
+        self.num_forwards = 0  # model forwards (prefills and decode steps) so far
+        self.num_requests = 0
+        self.max_live_rows = 0  # the most requests decoded together in one batch so far
+        self.routing_recorder = routing_recorder
+        self._sampling = SamplingParams(config.temperature, config.top_p)
+        self._pad_id = pad_token_id(self.tokenizer)
+        self._request_ids = itertools.count()
+        self._ids_lock = threading.Lock()
+        self._weights_lock = threading.Lock()  # held by the decode loop and by weight updates
+        self._update_lock = threading.Lock()  # one _between_generations block at a time
+        self._batcher = RequestBatcher(self._run, config.batch_wait_s)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> Generation:
+        """Sample up to `max_new_tokens` ids after `prompt_ids`, stopping after any id in `stop_ids`."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids: expected at least one token, got an empty prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: got {max_new_tokens}, expected >= 1")
+        with self._ids_lock:
+            request_id = next(self._request_ids)
+        generator = torch.Generator(device=self.config.device)
+        generator.manual_seed(self.config.seed * 1_000_003 + request_id)
+        request = Request(request_id, list(prompt_ids), max_new_tokens, frozenset(stop_ids), generator)
+        return self._batcher.submit(request)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        """Load new weights (cast to the inference dtype) between batches; returns the new version.
+
+        `version` sets `policy_version` explicitly (the trainer's step); by default it is bumped by one.
+        """
+        with self._between_generations():
+            self.model.load_state_dict(dict(state_dict), strict=True)
+            self.policy_version = self.policy_version + 1 if version is None else version
+            return self.policy_version
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        """Same as `update_weights(state_dict)`: the name torch users reach for."""
+        return self.update_weights(state_dict)
+
+    @contextlib.contextmanager
+    def sampling(self, temperature: float, top_p: float | None = None):
+        """Sample at another temperature (and top-p) inside the block, e.g. for evaluation."""
+        if temperature < 0:
+            raise ValueError(f"temperature: got {temperature}, expected >= 0")
+        with self._between_generations():  # not while a generation is running
+            previous, self._sampling = (
+                self._sampling,
+                SamplingParams(temperature, self._sampling.top_p if top_p is None else top_p),
+            )
+        try:
+            yield self
+        finally:
+            with self._between_generations():
+                self._sampling = previous
+
+    def close(self) -> None:
+        """Stop the batcher thread (pending calls finish first)."""
+        self._batcher.close()
+
+    @contextlib.contextmanager
+    def _between_generations(self):
+        """Hold the decode loop still: live rows finish, no new ones start until the block ends."""
+        with self._update_lock:
+            self._batcher.paused.set()
+            try:
+                with self._weights_lock:
+                    yield
+            finally:
+                self._batcher.paused.clear()
+
+    def _run(self, admit, deliver) -> None:
+        live = 0
+
+        def admit_counted(n: int) -> list[Request]:
+            nonlocal live
+            requests = admit(n)
+            self.num_requests += len(requests)
+            live += len(requests)
+            self.max_live_rows = max(self.max_live_rows, live)
+            return requests
+
+        def deliver_counted(request: Request) -> None:
+            nonlocal live
+            live -= 1
+            deliver(request)
+
+        with self._weights_lock:
+            self.num_forwards += decode_loop(
+                self.model,
+                admit_counted,
+                deliver_counted,
+                self._sampling,
+                self._pad_id,
+                self.config.max_batch_size,
+                self.routing_recorder,
+            )
+
+
+def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu") -> tuple[Any, Any]:
+    """(tokenizer, model in eval mode with gradients off) from a local HF folder; UserError if it is not one."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise UserError(
+            f"model path {str(folder)!r} is not a Hugging Face model folder (no config.json); "
+            "expected a local folder saved with save_pretrained"
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return tokenizer, model
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its eos id (pads are masked out, so any id works)."""
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    return 0

@@ -1,0 +1,96 @@
+"""Per-token log-probs of token sequences under a model, shared by GRPO and self-distillation.
+
+Legend: B = sequences in the batch, T = tokens per (right-padded) sequence, V = vocabulary.
+
+Convention: `logprobs_B_T[b, t]` = log p(token t | tokens < t) for t >= 1, and 0 at t = 0 (the
+first token has no context). That lines up with `Segment.logprobs_T` / `generated_mask_T`, so
+a segment's recorded rollout log-probs and the trainer's recomputed ones index the same tokens.
+The temperature must be the one the rollout sampled at (see carl.policy.batching).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids_B_T, attention_mask_B_T) for sequences padded on the right to the longest one."""
+    T = max(len(s) for s in seqs)
+    ids_B_T = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask_B_T = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids_B_T[b, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        mask_B_T[b, : len(s)] = 1
+    return ids_B_T, mask_B_T
+
+
+def token_logprobs(
+    logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, temperature: float = 1.0, chunk_T: int = 256
+) -> torch.Tensor:
+    """log softmax(logits / temperature) at `targets`, in fp32, without materialising the fp32 log-softmax.
+
+    `logits_B_T_V[:, t]` must already be the logits that predict `targets_B_T[:, t]`. Works in
+    chunks of `chunk_T` positions so the fp32 upcast of a long bf16 sequence stays small.
+    """
+    out = []
+    for start in range(0, logits_B_T_V.shape[1], chunk_T):
+        logits = logits_B_T_V[:, start : start + chunk_T].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        target_logit = logits.gather(-1, targets_B_T[:, start : start + chunk_T, None])[..., 0]
+        out.append(target_logit - torch.logsumexp(logits, dim=-1))
+    return torch.cat(out, dim=1)
+
+
+def sequence_logprobs(
+    model: Any,
+    token_ids_B_T: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    temperature: float = 1.0,
+    return_logits: bool = False,
+    score_mask_B_T: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, "ScoredLogits"]:
+    """Per-token log-probs (see module convention) of right-padded sequences under `model`.
+
+    Gradients flow when called outside `torch.no_grad`. With `return_logits`, also returns the
+    shifted logits `logits_B_T_V` (row t predicts token t; row 0 is zeros) that the top-k KL of
+    self-distillation needs.
+
+    With `score_mask_B_T` (True where a log-prob is needed, e.g. the generated tokens), the
+    output head runs only at the positions some row scores (`logits_to_keep`), which saves the
+    T x V head (about a fifth of a small model's FLOPs) and its memory; other log-probs are 0,
+    and `return_logits` then gives `ScoredLogits` (logits at those positions only).
+    """
+    if score_mask_B_T is None:
+        logits_B_T_V = model(input_ids=token_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False).logits
+        shifted = token_logprobs(logits_B_T_V[:, :-1], token_ids_B_T[:, 1:], temperature)
+        logprobs_B_T = torch.cat([shifted.new_zeros((shifted.shape[0], 1)), shifted], dim=1)
+        logprobs_B_T = logprobs_B_T * attention_mask_B_T.to(logprobs_B_T.dtype)
+        if not return_logits:
+            return logprobs_B_T
+        aligned_B_T_V = torch.cat([torch.zeros_like(logits_B_T_V[:, :1]), logits_B_T_V[:, :-1]], dim=1)
+        return logprobs_B_T, aligned_B_T_V
+    targets_K = torch.nonzero(score_mask_B_T[:, 1:].any(0)).squeeze(-1) + 1  # scored positions, t >= 1
+    logits_B_K_V = model(input_ids=token_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False,
+                         logits_to_keep=(targets_K - 1).to(token_ids_B_T.device)).logits
+    scored_B_K = token_logprobs(logits_B_K_V, token_ids_B_T[:, targets_K], temperature)
+    logprobs_B_T = scored_B_K.new_zeros(token_ids_B_T.shape).index_copy(1, targets_K, scored_B_K)
+    logprobs_B_T = logprobs_B_T * attention_mask_B_T.to(logprobs_B_T.dtype)
+    if not return_logits:
+        return logprobs_B_T
+    return logprobs_B_T, ScoredLogits(logits_B_K_V, targets_K)
+
+
+class ScoredLogits:
+    """Logits at a subset of positions: `logits_B_K_V[:, k]` predicts the token at `positions_K[k]`."""
+
+    def __init__(self, logits_B_K_V: torch.Tensor, positions_K: torch.Tensor):
+        self.logits_B_K_V = logits_B_K_V
+        self.index = {int(t): k for k, t in enumerate(positions_K.tolist())}
+
+    def at(self, row: int, positions: Sequence[int]) -> torch.Tensor:
+        """Logits predicting the tokens at `positions` of sequence `row`: logits_N_V."""
+        return self.logits_B_K_V[row, [self.index[p] for p in positions]]

