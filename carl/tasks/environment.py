@@ -1,0 +1,152 @@
+"""Prepared virtual environments: a repo's test dependencies, never the package under test.
+
+One venv per distinct (python version, requirement list, excluded distributions), cached under
+`$CARL_CACHE_DIR/envs/<hash>` and shared read-only by every sandbox of every repo with the same
+requirements. A dependency may pull in the package under test (freezegun requires
+python-dateutil); it is uninstalled again, so imports of the package always resolve to the
+workspace and no installed copy of deleted code exists.
+
+Packages with optional C extensions are never compiled here (the workspace is used as source,
+never built), and scrub deletes `.so` files; `PURE_PYTHON_ENV` adds the switches those packages
+read, so that an installed dependency with such an extension behaves the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from carl.tasks.store import cache_dir
+
+PURE_PYTHON_ENV = {
+    "MULTIDICT_NO_EXTENSIONS": "1",
+    "YARL_NO_EXTENSIONS": "1",
+    "PROPCACHE_NO_EXTENSIONS": "1",
+    "FROZENLIST_NO_EXTENSIONS": "1",
+    "AIOHTTP_NO_EXTENSIONS": "1",
+    "WRAPT_DISABLE_EXTENSIONS": "true",
+    "PYRSISTENT_NO_C_EXTENSION": "1",
+    "FROZENDICT_PURE_PY": "1",
+}
+"""Environment variables that make packages with optional C extensions use pure Python."""
+
+
+class EnvPrepError(RuntimeError):
+    """The environment could not be prepared (pip failed, no network, ...)."""
+
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def env_key(requirements: list[str], exclude: list[str]) -> str:
+    spec = json.dumps(
+        {"python": python_version(), "requirements": sorted(requirements), "exclude": sorted(exclude)},
+        sort_keys=True,
+    )
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def prepare_env(requirements: list[str], exclude: list[str], *, timeout_s: float = 900) -> Path:
+    """The venv for these requirements without the `exclude` distributions, created on first use.
+
+    Envs are keyed by the requirement list alone, so repos with the same deps share one; only
+    when the deps pull in an excluded distribution is a separate env (keyed with it) made.
+    """
+    shared = _env(requirements, [], timeout_s)
+    if not installed_dists(shared, exclude):
+        return shared
+    return _env(requirements, exclude, timeout_s)
+
+
+def installed_dists(env: Path, names: list[str]) -> list[str]:
+    """Which of `names` have a .dist-info in the env's site-packages."""
+    have = {p.name.split("-")[0].lower() for p in site_packages(env).glob("*.dist-info")}
+    return [n for n in names if _norm(n) in have]
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _env(requirements: list[str], exclude: list[str], timeout_s: float) -> Path:
+    root = cache_dir() / "envs"
+    root.mkdir(parents=True, exist_ok=True)
+    key = env_key(requirements, exclude)
+    final = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent builds wait for one another
+        if (final / "carl-env.json").is_file():
+            return final
+        tmp = root / f"{key}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        _run([sys.executable, "-m", "venv", str(tmp)], timeout_s)
+        py = str(tmp / "bin" / "python")
+        if requirements:
+            _run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *requirements], timeout_s)
+        for dist in exclude:
+            _run([py, "-m", "pip", "uninstall", "-y", "-q", dist], timeout_s)
+        (tmp / "carl-env.json").write_text(
+            json.dumps(
+                {"python": python_version(), "requirements": sorted(requirements), "exclude": sorted(exclude)}
+            )
+        )
+        # venvs hard-code their own path in scripts; `python -m` (all carl uses) does not care.
+        os.replace(tmp, final)
+        return final
+
+
+def site_packages(env: Path) -> Path:
+    return next(env.glob("lib/python*/site-packages"))
+
+
+def repo_requirements(root: Path, test_deps: list[str]) -> list[str]:
+    """Runtime dependencies declared in pyproject.toml ([project] dependencies), plus test deps.
+
+    Without a catalog entry, test deps default to pytest plus the `test`/`tests`/`testing`
+    optional-dependency groups.
+    """
+    reqs: list[str] = []
+    pyproject = root / "pyproject.toml"
+    project: dict = {}
+    if pyproject.is_file():
+        try:
+            project = tomllib.loads(pyproject.read_text()).get("project", {})
+        except tomllib.TOMLDecodeError:
+            project = {}
+    reqs += [r for r in project.get("dependencies", []) if isinstance(r, str)]
+    if not test_deps:
+        test_deps = ["pytest"]
+        for group in ("test", "tests", "testing"):
+            test_deps += project.get("optional-dependencies", {}).get(group, [])
+    seen: set[str] = set()
+    out = []
+    for r in reqs + list(test_deps):
+        if r not in seen:
+            seen.add(r)
+            out.append(r)
+    return out
+
+
+def dist_name(root: Path) -> str:
+    """The distribution name in pyproject.toml ([project] name), or ""."""
+    try:
+        return str(tomllib.loads((root / "pyproject.toml").read_text()).get("project", {}).get("name", ""))
+    except (OSError, tomllib.TOMLDecodeError):
+        return ""
+
+
+def _run(argv: list[str], timeout_s: float) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise EnvPrepError(f"{' '.join(argv[:4])}... timed out after {timeout_s:.0f}s") from None
+    if proc.returncode != 0:
+        raise EnvPrepError(f"{' '.join(argv[:4])}... failed: {proc.stderr.strip()[-800:]}")

@@ -1,0 +1,95 @@
+"""Problem statements: what the agent is asked to do.
+
+The template names the deleted definitions with their signatures and docstrings (read from the
+original source) and the failing tests. It never shows a deleted body. `model_statement` asks an
+OpenAI-compatible model to rewrite it as a user would (optional; needs carl.policy.openai_client).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from carl.tasks.delete import Candidate
+
+MAX_LISTED_TESTS = 10
+
+
+def template_statement(original_root: Path, cand: Candidate, mode: str, fail_to_pass: list[str]) -> str:
+    what = {
+        "stub": "has been replaced by a stub that raises NotImplementedError",
+        "remove": "has been removed from the code base",
+    }[mode]
+    lines = []
+    if cand.kind == "module":
+        lines.append(
+            f"The module `{cand.definitions[0].module if cand.definitions else cand.module_file}` "
+            f"(`{cand.module_file}`) {what}. Implement it again so that the test suite passes."
+        )
+        lines.append("")
+        lines.append("It defined:")
+    else:
+        noun = "feature" if cand.kind == "cluster" else cand.kind
+        lines.append(f"A {noun} of this repository {what}. Implement it again so that the test suite passes.")
+        lines.append("")
+        lines.append("Missing:" if mode == "remove" else "Stubbed:")
+    for d in cand.definitions:
+        if d.kind == "method" and cand.kind in ("class", "module"):
+            continue  # the class's signature stands for its methods
+        sig, doc = _signature_and_doc(original_root / d.file, d.start, d.end)
+        lines.append(f"- `{d.module}.{d.qualname}` in `{d.file}`: `{sig}`")
+        if doc:
+            first = doc.strip().splitlines()[0]
+            lines.append(f"  {first}")
+    lines.append("")
+    shown = fail_to_pass[:MAX_LISTED_TESTS]
+    lines.append("These tests currently fail and must pass:")
+    lines += [f"- {t}" for t in shown]
+    if len(fail_to_pass) > len(shown):
+        lines.append(f"- ... and {len(fail_to_pass) - len(shown)} more")
+    lines.append("")
+    lines.append("Do not modify the tests.")
+    return "\n".join(lines) + "\n"
+
+
+def model_statement(template: str, policy, max_new_tokens: int = 1024) -> str:
+    """Rewrite the template as an issue a user would file. `policy` is a chat policy such as
+    carl.policy.openai_client.OpenAIChatPolicy (`.chat(messages, max_new_tokens) -> str`)."""
+    from carl.types import Message
+
+    prompt = (
+        "Rewrite this task description as a concise GitHub issue asking for the feature to be "
+        "implemented. Keep every name, signature and test id exactly; do not invent behaviour; "
+        "never write the implementation.\n\n" + template
+    )
+    text = policy.chat([Message(role="user", content=prompt)], max_new_tokens).strip()
+    return (text or template.strip()) + "\n"
+
+
+def _signature_and_doc(path: Path, start: int, end: int) -> tuple[str, str]:
+    source = path.read_text()
+    lines = source.splitlines()
+    text = "\n".join(lines[start - 1 : end])
+    try:
+        tree = ast.parse(_dedent(text))
+    except SyntaxError:
+        return lines[start - 1].strip(), ""
+    node = next(
+        (n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))), None
+    )
+    if node is None:
+        return lines[start - 1].strip(), ""
+    if isinstance(node, ast.ClassDef):
+        bases = ", ".join(ast.unparse(b) for b in node.bases)
+        sig = f"class {node.name}({bases})" if bases else f"class {node.name}"
+    else:
+        prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+        ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+        sig = f"{prefix} {node.name}({ast.unparse(node.args)}){ret}"
+    return sig, ast.get_docstring(node) or ""
+
+
+def _dedent(text: str) -> str:
+    import textwrap
+
+    return textwrap.dedent(text)

@@ -1,0 +1,108 @@
+"""Where tasks live on disk, and how to load them.
+
+A task file `DIR/NAME.jsonl` (one TaskRecord a line, append-only) has its store next to it:
+
+    DIR/NAME.store/
+        originals/<source_hash[:16]>/   the scrubbed original tree of each repo (for gold checks)
+        broken/<instance_id>/           the scrubbed broken repo of each task (sandboxes copy it)
+        repos.jsonl                     one line per finished repo (build resumes from it)
+        drops.jsonl                     one line per dropped candidate, with its reason
+
+Paths inside records are written relative to DIR, so a task file and its store move together;
+`load_tasks` makes them absolute. Prepared virtual environments are shared by all task files in
+`$CARL_CACHE_DIR/envs/<requirements hash>` (default `~/.cache/carl/envs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from carl.io import append_jsonl, atomic_write_text, read_jsonl
+from carl.sandbox.base import SandboxConfig
+from carl.tasks.record import TaskRecord
+
+
+def cache_dir() -> Path:
+    """carl's cache root: $CARL_CACHE_DIR, else ~/.cache/carl."""
+    return Path(os.environ.get("CARL_CACHE_DIR") or Path.home() / ".cache" / "carl")
+
+
+def store_dir(tasks_path: str | Path) -> Path:
+    """The store directory that belongs to a task file."""
+    p = Path(tasks_path)
+    return p.with_name(p.stem + ".store")
+
+
+def load_tasks(path: str | Path) -> list[TaskRecord]:
+    """Read a task JSONL file; relative `broken_repo` / environment paths become absolute."""
+    path = Path(path)
+    if not path.is_file():
+        from carl.errors import UserError
+
+        raise UserError(f"task file {str(path)!r} does not exist")
+    base = path.resolve().parent
+    tasks = []
+    for d in read_jsonl(path):
+        t = TaskRecord.from_dict(d)
+        tasks.append(_absolute(t, base))
+    return tasks
+
+
+def write_tasks(path: str | Path, tasks: list[TaskRecord]) -> None:
+    """Write (replace) a task file atomically."""
+    import json
+
+    text = "".join(json.dumps(t.to_dict(), sort_keys=True) + "\n" for t in tasks)
+    atomic_write_text(path, text)
+
+
+def append_task(path: str | Path, task: TaskRecord) -> None:
+    """Append one record (fsynced; a crash loses at most this line)."""
+    append_jsonl(path, task.to_dict())
+
+
+def broken_repo_dir(task: TaskRecord) -> Path:
+    """The directory a sandbox for this task is created from (the scrubbed broken repo)."""
+    if not task.broken_repo:
+        raise ValueError(f"task {task.instance_id}: no broken_repo (record not built by carl tasks build)")
+    return Path(task.broken_repo)
+
+
+def original_repo_dir(task: TaskRecord) -> Path:
+    """The scrubbed original tree of the task's repo (broken repo + gold patch, kept on disk)."""
+    return broken_repo_dir(task).parent.parent / "originals" / task.source_hash[:16]
+
+
+def sandbox_config_for(task: TaskRecord, base: SandboxConfig) -> SandboxConfig:
+    """`base` with the task's prepared venv as python_env and the task's env vars added.
+
+    PYTHONPATH entries (e.g. `src` for a src layout) are relative to the workspace, which is the
+    working directory of every exec; test_command also carries `-o pythonpath=...` for pytest.
+    """
+    env = dict(base.env)
+    env.update(task.environment.get("env", {}))
+    pythonpath = task.environment.get("pythonpath") or []
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, "."])
+    return dataclasses.replace(base, python_env=task.environment.get("path") or None, env=env)
+
+
+def relative_to_tasks_file(path: Path, tasks_path: str | Path) -> str:
+    """How a store path is written into a record: relative to the task file's directory."""
+    base = Path(tasks_path).resolve().parent
+    try:
+        return str(Path(path).resolve().relative_to(base))
+    except ValueError:
+        return str(Path(path).resolve())
+
+
+def _absolute(t: TaskRecord, base: Path) -> TaskRecord:
+    changes = {}
+    if t.broken_repo and not os.path.isabs(t.broken_repo):
+        changes["broken_repo"] = str(base / t.broken_repo)
+    env_path = t.environment.get("path")
+    if env_path and not os.path.isabs(env_path):
+        changes["environment"] = {**t.environment, "path": str(base / env_path)}
+    return dataclasses.replace(t, **changes) if changes else t
