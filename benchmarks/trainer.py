@@ -1,0 +1,271 @@
+"""Trainer throughput: the RL train step and rollout generation against plain transformers, same run.
+
+    .venv/bin/python benchmarks/trainer.py                      # SmolLM2-135M, CPU, 8 x 1024 tokens (~7 min on 2 cores)
+    .venv/bin/python benchmarks/trainer.py --quick --batch 2 --seq-len 512 --new-tokens 32   # ~1 min
+    python benchmarks/trainer.py --device cuda --model random-smollm2   # a GPU machine without the cache
+
+    (a)  carl.train.step.rl_step (Dr. GRPO, fp32 master weights, autocast compute dtype, AdamW) on
+         B synthetic rollouts of T tokens: a prompt, then turns of sampled tokens and observations,
+         `--gen-frac` of the tokens sampled (loss only there)
+    (a') plain transformers: model(input_ids, attention_mask, labels) -> loss.backward() on the same
+         padded micro-batches, gradient clipping, the same AdamW step
+    (b)  carl.policy.hf.HFPolicy.generate: B concurrent requests (threads, batched together by the
+         policy), N new tokens each, sampled at temperature 1 with log-probs
+    (b') model.generate of the same B prompts on the same model object (do_sample, top_k off,
+         min_new_tokens = N so every row makes exactly N tokens)
+
+Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
+(b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
+warm-up each, and the ratios
+(carl / plain) are what to compare across machines. Self-distillation is off here (synthetic
+rollouts have no error turns): its teacher pass costs one extra no-grad forward of the error turns.
+
+`--model random-smollm2` builds SmolLM2-135M's architecture (30 layers, hidden 576, GQA 9/3 heads,
+vocab 49152, tied embeddings) with random weights: the same speed, for machines without the
+converted SmolLM2 cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from carl.policy.hf import DTYPES, HFPolicy, HFPolicyConfig, load_model, pad_token_id
+from carl.tasks import TaskRecord
+from carl.train.config import RLConfig
+from carl.train.loop import set_trainable
+from carl.train.rollout import Rollout
+from carl.train.step import micro_batches, rl_step
+from carl.types import Segment, Trajectory
+
+TASK = TaskRecord(instance_id="bench__0", repo="bench")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2", help='"smollm2" (cached), "random-smollm2", or a HF folder')
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=8, help="sequences per train step / concurrent requests")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per training sequence")
+    p.add_argument("--gen-frac", type=float, default=0.25, help="fraction of training tokens that were sampled")
+    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per generation request")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per request")
+    p.add_argument("--micro-batch-tokens", type=int, default=4096, help="rl.micro_batch_tokens")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
+                   help="compute dtype of the train step (autocast) and weights of the sampler")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="one timed run each")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate")
+    p.add_argument("--json", default="", help="also write the results here")
+    args = p.parse_args()
+    iters = 1 if args.quick else args.iters
+    torch.manual_seed(0)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model_folder(args.model, Path(tmp))
+        results: dict[str, float | str] = {"model": args.model, "device": args.device, "dtype": args.dtype,
+                                           "torch_threads": torch.get_num_threads()}
+        if "train" not in args.skip:
+            results.update(bench_train(path, args, iters))
+        if "generate" not in args.skip:
+            results.update(bench_generate(path, args, iters))
+    print(json.dumps(results, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- (a) train step vs forward/backward
+
+
+def bench_train(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    tokenizer, model = load_model(path, torch.float32, args.device)  # fp32 master weights, as in carl train
+    params = set_trainable(model, 0)
+    optimizer = torch.optim.AdamW(params, lr=1e-6)
+    pad_id = pad_token_id(tokenizer)
+    compute_dtype = DTYPES[args.dtype]
+    cfg = RLConfig(sd_weight=0.0, micro_batch_tokens=args.micro_batch_tokens)
+    groups = synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size)
+    num_tokens = args.batch * args.seq_len
+    num_generated = sum(r.trajectory.num_generated_tokens for g in groups for r in g)
+
+    def carl_step() -> None:
+        rl_step(model, optimizer, None, groups, cfg, tokenizer, pad_id, token_normalizer=float(num_generated),
+                compute_dtype=compute_dtype)
+
+    rows = [s.token_ids_T for g in groups for r in g for s in r.trajectory.segments]
+    per_micro = max(1, len(micro_batches_of(rows, args.micro_batch_tokens)[0]))
+
+    def plain_step() -> None:
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(rows), per_micro):
+            ids_B_T = torch.tensor(rows[start : start + per_micro], device=args.device)
+            with torch.autocast(ids_B_T.device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32):
+                loss = model(input_ids=ids_B_T, attention_mask=torch.ones_like(ids_B_T), labels=ids_B_T).loss
+            (loss * ids_B_T.shape[0] / len(rows)).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    t_carl, t_plain = timed_pair(carl_step, plain_step, iters, args.device)
+    out = {
+        "train_tokens": num_tokens,
+        "train_generated_tokens": num_generated,
+        "train_rows_per_micro_batch": per_micro,
+        "train_step_s": t_carl,
+        "train_plain_fwd_bwd_s": t_plain,
+        "train_tokens_per_s": num_tokens / t_carl,
+        "train_plain_tokens_per_s": num_tokens / t_plain,
+        "train_ratio_carl_over_plain": t_plain / t_carl,
+    }
+    print(f"(a)  rl_step           {out['train_tokens_per_s']:9.0f} tok/s ({t_carl:.2f} s for {num_tokens} tokens)")
+    print(f"(a') plain fwd+bwd     {out['train_plain_tokens_per_s']:9.0f} tok/s ({t_plain:.2f} s)   "
+          f"ratio {out['train_ratio_carl_over_plain']:.2f}")
+    return out
+
+
+def synthetic_groups(batch: int, seq_len: int, gen_frac: float, vocab: int, group_size: int = 4) -> list[list[Rollout]]:
+    """`batch` rollouts in groups of `group_size`: a prompt (1/4 of the tokens), then turns of 128
+    tokens whose first part was sampled, so that `gen_frac` of all tokens were sampled."""
+    prompt = seq_len // 4
+    gen_per_turn = max(1, round(128 * gen_frac * seq_len / (seq_len - prompt)))
+    g = torch.Generator().manual_seed(0)
+    groups: list[list[Rollout]] = []
+    for b in range(batch):
+        ids = torch.randint(3, vocab, (seq_len,), generator=g).tolist()
+        mask = [prompt <= t and (t - prompt) % 128 < gen_per_turn for t in range(seq_len)]
+        seg = Segment(token_ids_T=ids, generated_mask_T=mask, logprobs_T=[-2.0 if m else 0.0 for m in mask])
+        rollout = Rollout(TASK, Trajectory(task_id=TASK.instance_id, segments=[seg]), reward=float(b % 2),
+                          passed=b % 2 == 1)
+        if b % group_size == 0:
+            groups.append([])
+        groups[-1].append(rollout)
+    return groups
+
+
+def micro_batches_of(rows: list[list[int]], max_tokens: int) -> list[list]:
+    """The micro-batches rl_step makes of these rows (the plain baseline uses the same split)."""
+    from carl.train.step import TrainSequence
+
+    return micro_batches([TrainSequence(r, [True] * len(r), [0.0] * len(r), 0.0) for r in rows], max_tokens)
+
+
+# ---------------------------------------------------------------- (b) HFPolicy.generate vs model.generate
+
+
+def bench_generate(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    policy = HFPolicy(HFPolicyConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
+                                     max_batch_size=args.batch, batch_wait_s=0.05))
+    vocab = policy.model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.batch)]
+    new = args.new_tokens
+    counts: list[int] = []
+
+    def carl_generate() -> None:
+        gens: list = [None] * len(prompts)
+
+        def one(i: int) -> None:
+            gens[i] = policy.generate(prompts[i], new, stop_ids=[])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        counts.append(sum(len(x.token_ids) for x in gens))
+
+    model = policy.model
+    pad_id = pad_token_id(policy.tokenizer)
+
+    def plain_generate() -> None:
+        ids_B_T = torch.tensor(prompts, device=args.device)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids_B_T, attention_mask=torch.ones_like(ids_B_T), do_sample=True,
+                                 temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new, min_new_tokens=new,
+                                 pad_token_id=pad_id)
+        counts.append(int(out.shape[0] * (out.shape[1] - ids_B_T.shape[1])))
+
+    t_carl, t_plain = timed_pair(carl_generate, plain_generate, iters, args.device)
+    live_rows = policy.max_live_rows  # the most requests the policy decoded together
+    policy.close()
+    tokens = args.batch * new
+    if any(c != tokens for c in counts):
+        raise RuntimeError(f"expected {tokens} generated tokens per run, got {counts}")
+    out = {
+        "generate_tokens": tokens,
+        "generate_max_rows_decoded_together": live_rows,
+        "generate_s": t_carl,
+        "generate_plain_s": t_plain,
+        "generate_tokens_per_s": tokens / t_carl,
+        "generate_plain_tokens_per_s": tokens / t_plain,
+        "generate_ratio_carl_over_plain": t_plain / t_carl,
+    }
+    print(f"(b)  HFPolicy.generate {out['generate_tokens_per_s']:9.1f} tok/s ({t_carl:.2f} s for {tokens} tokens, "
+          f"up to {live_rows} rows decoded together)")
+    print(f"(b') model.generate    {out['generate_plain_tokens_per_s']:9.1f} tok/s ({t_plain:.2f} s)   "
+          f"ratio {out['generate_ratio_carl_over_plain']:.2f}")
+    return out
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def timed_pair(fn_a, fn_b, iters: int, device: str) -> tuple[float, float]:
+    """Median wall times of `iters` alternating runs of a and b, after one warm-up of each
+    (alternating, so that a shared machine's changing load hits both alike)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(iters + 1):
+        for fn, out in ((fn_a, times[0]), (fn_b, times[1])):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            if i > 0:
+                out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def model_folder(name: str, tmp: Path) -> Path:
+    if name == "smollm2":
+        from carl.policy.smollm2 import smollm2_path
+
+        return smollm2_path()
+    if name == "random-smollm2":
+        return random_smollm2(tmp / "random-smollm2")
+    return Path(name)
+
+
+def random_smollm2(folder: Path) -> Path:
+    """SmolLM2-135M's architecture with random weights and a two-token tokenizer (ids only matter)."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=2)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                            pad_token="</s>").save_pretrained(folder)
+    return folder
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""`carl eval --checkpoint DIR --tasks FILE`: a tiny model's training checkpoint on one real micro task
+(generated repo -> feature deletion -> validation, local sandbox) writes the JSON report."""
+
+import json
+
+import pytest
+import torch
+from tiny_hf import save_tiny_model
+
+from carl.cli import main
+from carl.policy.hf import load_model
+from carl.train.checkpoint import save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def micro_tasks(tmp_path_factory):
+    """One training and one held-out micro task (~10-20 s: shared by the tests of this module)."""
+    from carl.micro.world import build_micro_tasks
+
+    world = build_micro_tasks(tmp_path_factory.mktemp("micro"), seed=0, difficulty=1, train_repos=1, eval_repos=1,
+                              max_tasks_per_repo=1, backend="local")
+    return world.eval_path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.set_num_threads(1)
+    tokenizer, model = load_model(save_tiny_model(tmp_path_factory.mktemp("tiny")), torch.float32)
+    run_dir = tmp_path_factory.mktemp("run")
+    return save_checkpoint(run_dir, 3, model, tokenizer, None, None, {"rl_step": 3})
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_eval_writes_the_json_report(micro_tasks, checkpoint, tmp_path, capsys):
+    out = tmp_path / "report.json"
+    code = main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--sandbox", "local",
+                 "--samples", "2", "--max-turns", "2", "--max-new-tokens", "16", "--tools", "read_file,finish",
+                 "--temperature", "1.0", "--out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    assert s["name"] == "step_000003" and s["num_tasks"] == 1 and s["k"] == 2
+    for key in ("pass@1", "pass@2", "tokens_per_task", "tool_calls_per_task", "wall_s_per_task", "infra_failures"):
+        assert key in s, key
+    assert s["infra_failures"] == 0, report
+    assert 0.0 <= s["pass@1"] <= s["pass@2"] <= 1.0
+    assert s["tokens_per_task"] > 0 and s["wall_s_per_task"] > 0  # the tiny model really sampled
+    (task,) = report["tasks"]
+    assert task["n"] == 2 and task["mean_tokens"] <= 2 * 16  # at most max_turns x max_new_tokens
+    assert "pass@1" in capsys.readouterr().out  # the table
+
+
+def test_eval_rejects_a_folder_without_a_model(tmp_path, capsys):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("")
+    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(tasks)]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_eval_rejects_a_missing_task_file(tmp_path, capsys):
+    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(tmp_path / "nope.jsonl")]) == 2
+    assert "--tasks" in capsys.readouterr().err

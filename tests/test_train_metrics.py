@@ -1,0 +1,34 @@
+"""MetricsLog: append-only metrics.jsonl, transcripts, and PNG plots of the series present."""
+
+import json
+
+from carl.train.metrics import PLOTS, MetricsLog, git_revision
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_metrics_jsonl_transcripts_and_png_plots(tmp_path):
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.log(-1, {"loss/sft": 2.5})
+    for step in (1, 2, 3):
+        log.log(step, {"rl/reward_mean": 0.1 * step, "rl/pass_rate": 0.2 * step, "loss/total": 1.0 / step,
+                       "loss/grpo": 0.5 / step, "rl/tokens_per_episode": 100 + step})
+    log.transcript(3, "task_a", "<|im_start|>assistant\nhello")
+
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [-1, 1, 2, 3]
+    assert log.rows()[2] == {"step": 2, "rl/reward_mean": 0.2, "rl/pass_rate": 0.4, "loss/total": 0.5,
+                             "loss/grpo": 0.25, "rl/tokens_per_episode": 102}
+    assert (tmp_path / "transcripts" / "step00003_task_a.txt").read_text().endswith("hello")
+
+    written = log.plot()
+    names = sorted(p.name for p in written)
+    assert names == ["loss.png", "pass_rate.png", "reward.png", "tokens.png"]  # no tool-error series logged
+    assert set(names) < set(PLOTS)
+    for p in written:
+        assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 1000
+    assert not list((tmp_path / "plots").glob(".*tmp*"))  # written atomically
+
+
+def test_git_revision_outside_a_checkout(tmp_path):
+    assert git_revision(tmp_path).startswith("unknown")

@@ -1,0 +1,150 @@
+"""rl_step on hand-built groups with a tiny random Llama: what changes, what gets gradient, who is trained how.
+
+Plain SGD (lr 1) makes the weight change equal the (clipped) gradient, so comparing weight deltas
+compares gradients exactly."""
+
+import math
+
+import pytest
+import torch
+from tiny_hf import save_tiny_model, tiny_tokenizer
+from train_fakes import TOOLS, failed_rollout, solved_rollout, token_rollout
+
+from carl.policy.hf import load_model
+from carl.train.config import RLConfig
+from carl.train.loop import set_trainable
+from carl.train.step import build_sequences, rl_step
+
+GRPO_ONLY = RLConfig(sd_weight=0.0, grad_clip=1e9)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _model(tiny_dir, trainable_layers=0):
+    tokenizer, model = load_model(tiny_dir, torch.float32)
+    params = set_trainable(model, trainable_layers)
+    return tokenizer, model, torch.optim.SGD(params, lr=1.0)
+
+
+def _deltas(tiny_dir, groups, cfg=GRPO_ONLY, trainable_layers=0, tokenizer=None):
+    """(metrics, {name: weight change}) of one rl_step from the same initial weights."""
+    tok, model, opt = _model(tiny_dir, trainable_layers)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = rl_step(model, opt, None, groups, cfg, tokenizer or tok, tok.pad_token_id, token_normalizer=64.0,
+                      valid_tools=TOOLS)
+    return metrics, {k: v - before[k] for k, v in model.state_dict().items()}
+
+
+def _seq(seed, n_prompt=12, n_gen=6, n_obs=5):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 300, (n_prompt + n_gen + n_obs,), generator=g).tolist()
+    mask = [False] * n_prompt + [True] * n_gen + [False] * n_obs
+    return ids, mask
+
+
+def _group(rewards, seed=0, **kw):
+    return [token_rollout(*_seq(seed + i, **kw), reward=r) for i, r in enumerate(rewards)]
+
+
+def test_loss_is_finite_and_only_trainable_params_change(tiny_dir):
+    metrics, deltas = _deltas(tiny_dir, [_group([1.0, 0.0, 0.0]), _group([0.0, 1.0, 1.0], seed=10)],
+                              trainable_layers=1)
+    assert math.isfinite(metrics["loss/total"]) and metrics["rl/grad_norm"] > 0
+    assert metrics["rl/num_sequences"] == 6 and metrics["grpo/num_tokens"] == 36
+    changed = {k for k, d in deltas.items() if d.abs().max() > 0}
+    assert changed, "no parameter moved"
+    assert all(k.startswith(("model.layers.1.", "model.norm.")) for k in changed), sorted(changed)
+    assert any(k.startswith("model.layers.1.") for k in changed)
+    assert not any(k.startswith(("model.layers.0.", "model.embed_tokens", "lm_head")) for k in changed)
+
+
+def test_observation_tokens_get_no_gradient(tiny_dir):
+    """Perturbing observation tokens after the last sampled token, and the rollout log-probs at
+    observation positions, leaves the update unchanged; perturbing a sampled token does not."""
+    group = _group([1.0, 0.0])
+    _, base = _deltas(tiny_dir, [group])
+
+    perturbed = []
+    for r in group:
+        seg = r.trajectory.segments[0]
+        ids = list(seg.token_ids_T)
+        ids[-5:] = [(t + 17) % 300 + 3 for t in ids[-5:]]  # the trailing observation tokens
+        logprobs = [lp if g else -7.5 for lp, g in zip(seg.logprobs_T, seg.generated_mask_T)]
+        p = token_rollout(ids, seg.generated_mask_T, r.reward)
+        p.trajectory.segments[0].logprobs_T = logprobs
+        perturbed.append(p)
+    _, same = _deltas(tiny_dir, [perturbed])
+    for k in base:
+        torch.testing.assert_close(same[k], base[k], rtol=0, atol=0)
+
+    ids, mask = list(group[0].trajectory.segments[0].token_ids_T), group[0].trajectory.segments[0].generated_mask_T
+    ids[14] = (ids[14] + 17) % 300 + 3  # a sampled token
+    _, other = _deltas(tiny_dir, [[token_rollout(ids, mask, 1.0), group[1]]])
+    assert any(not torch.equal(other[k], base[k]) for k in base)
+
+
+def test_invalid_rollouts_are_excluded(tiny_dir):
+    group = _group([1.0, 0.0, 0.0])
+    broken = token_rollout(*_seq(99), reward=float("nan"), valid=False)  # infra failure: masked, never scored 0
+    metrics_a, with_invalid = _deltas(tiny_dir, [group + [broken]])
+    metrics_b, without = _deltas(tiny_dir, [group])
+    assert metrics_a["rl/num_sequences"] == metrics_b["rl/num_sequences"] == 3
+    assert math.isfinite(metrics_a["loss/total"])
+    for k in without:
+        torch.testing.assert_close(with_invalid[k], without[k])
+
+
+def test_group_with_equal_rewards_does_not_move_the_policy(tiny_dir):
+    metrics, deltas = _deltas(tiny_dir, [_group([1.0, 1.0, 1.0])])
+    assert metrics["loss/total"] == 0.0
+    assert all(d.abs().max() == 0 for d in deltas.values())
+
+
+def test_srpo_routes_successes_to_grpo_and_failures_to_self_distillation():
+    tok = tiny_tokenizer()
+    group = [solved_rollout(tok), failed_rollout(tok)]
+    routed = build_sequences([group], RLConfig(route_by_outcome=True, sd_weight=0.5), tok, TOOLS)
+    assert [(s.use_grpo, len(s.teachers)) for s in routed] == [(True, 0), (False, 2)]
+    seg = group[1].trajectory.segments[0]
+    for t in routed[1].teachers:  # the teacher scores the student's own tokens, copied not re-tokenized
+        assert [t.teacher_ids[p] for p in t.teacher_positions] == [seg.token_ids_T[p] for p in t.student_positions]
+        assert all(seg.generated_mask_T[p] for p in t.student_positions)
+
+    mixed = build_sequences([group], RLConfig(route_by_outcome=False, sd_weight=0.5), tok, TOOLS)
+    assert [(s.use_grpo, len(s.teachers)) for s in mixed] == [(True, 0), (True, 2)]
+    off = build_sequences([group], RLConfig(route_by_outcome=False, sd_weight=0.0), tok, TOOLS)
+    assert [len(s.teachers) for s in off] == [0, 0]
+
+
+@pytest.mark.parametrize("sd_loss", ["topk", "sampled"])
+def test_rl_step_with_srpo_trains_grpo_on_successes_and_distills_failures(tiny_dir, sd_loss):
+    tok = tiny_tokenizer()
+    solved, failed = solved_rollout(tok), failed_rollout(tok)
+    cfg = RLConfig(route_by_outcome=True, sd_weight=0.5, sd_loss=sd_loss, sd_topk=8)
+    metrics, deltas = _deltas(tiny_dir, [[solved, failed]], cfg=cfg, tokenizer=tok)
+    assert metrics["grpo/num_tokens"] == solved.trajectory.num_generated_tokens  # failures: no GRPO tokens
+    sd_tokens = sum(len(t.student_positions) for s in build_sequences([[solved, failed]], cfg, tok, TOOLS)
+                    for t in s.teachers)
+    assert metrics["sd/num_tokens"] == sd_tokens > 0 and metrics["sd/num_turns"] == 2
+    assert math.isfinite(metrics["loss/total"]) and metrics["loss/self_distill"] != 0.0
+    assert any(d.abs().max() > 0 for d in deltas.values())
+
+
+def test_sft_epoch_learns_the_expert_tokens_and_skips_failed_rollouts(tiny_dir):
+    import random
+
+    from carl.train.warm_start import sft_epoch
+
+    tok = tiny_tokenizer()
+    _, model = load_model(tiny_dir, torch.float32)
+    params = set_trainable(model, 0)
+    optimizer = torch.optim.AdamW(params, lr=3e-3)
+    data = [solved_rollout(tok), failed_rollout(tok)]  # the failed one must not be imitated
+    epochs = [sft_epoch(model, optimizer, data, tok.pad_token_id, batch_size=1, micro_batch_tokens=4096,
+                        grad_clip=1.0, rng=random.Random(e)) for e in range(4)]
+    assert all(len(losses) == 1 for losses in epochs)  # one batch: the solved rollout's one segment
+    assert epochs[-1][0] < 0.7 * epochs[0][0], epochs
