@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 install: sysdeps $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/carl demo
+	$(VENV)/bin/carl train
 
 test: install
 	$(PY) -m pytest -q

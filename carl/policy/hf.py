@@ -95,7 +95,9 @@ class HFPolicy:
         with self._ids_lock:
             request_id = next(self._request_ids)
         generator = torch.Generator(device=self.config.device)
-        generator.manual_seed(self.config.seed * 1_000_003 + request_id)
+        # the weights version is part of the seed: a run resumed at version v never replays the
+        # random streams that the requests of version 0 used
+        generator.manual_seed((self.config.seed * 1_000_003 + self.policy_version) * 1_000_033 + request_id)
         request = Request(request_id, list(prompt_ids), max_new_tokens, frozenset(stop_ids), generator)
         return self._batcher.submit(request)
 

