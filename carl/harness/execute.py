@@ -16,6 +16,7 @@ that must be masked from training, not scored): it is re-raised after all calls 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,6 @@ def run_calls(
     sandbox: Sandbox,
     *,
     max_output_chars: int = 20_000,
-    max_workers: int = 8,
 ) -> list[ToolResult]:
     """One ToolResult per item of `calls`, in the same order (index = the item's index)."""
     results: list[ToolResult | None] = [None] * len(calls)
@@ -45,22 +45,34 @@ def run_calls(
         else:
             runnable.append((i, item, tools[item.name]))  # type: ignore[union-attr]
     if runnable:
-        with ThreadPoolExecutor(
-            max_workers=min(max_workers, len(runnable)), thread_name_prefix="tool"
-        ) as pool:
-            futures = [
-                (i, pool.submit(_run_one, call, tool, sandbox, max_output_chars))
-                for i, call, tool in runnable
-            ]
-            infra_error: SandboxError | None = None
-            for i, future in futures:
-                try:
-                    results[i] = future.result()
-                except SandboxError as e:
-                    infra_error = infra_error or e
+        pool = _pool()
+        futures = [(i, pool.submit(_run_one, call, tool, sandbox, max_output_chars)) for i, call, tool in runnable]
+        infra_error: SandboxError | None = None
+        for i, future in futures:
+            try:
+                results[i] = future.result()
+            except SandboxError as e:
+                infra_error = infra_error or e
         if infra_error is not None:
             raise infra_error
     return [r for r in results if r is not None]
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+POOL_WORKERS = 64
+"""Threads shared by every episode of the process. A pool per message paid a thread start per
+call (about 0.1 ms idle, several ms on a loaded machine), which dominated cheap calls such as
+reads; idle workers are reused. 64 covers many concurrent episodes' calls at once (a call waits
+for a free worker only beyond that)."""
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=POOL_WORKERS, thread_name_prefix="tool")
+        return _POOL
 
 
 def error_result(error: ToolError) -> ToolResult:
