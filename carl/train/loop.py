@@ -106,7 +106,9 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             batch = [train_tasks[order[(state["task_pos"] + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
             groups = collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox)
             lagging = [r for g in groups for r in g if step - r.trajectory.policy_version > cfg.rollout.max_staleness]
-            assert not lagging, "synchronous RL produced a stale rollout"  # staleness 0: same version
+            if lagging:  # synchronous RL (staleness 0) samples every rollout of step s with version s
+                raise RuntimeError(f"{len(lagging)} rollouts lag more than rollout.max_staleness="
+                                   f"{cfg.rollout.max_staleness} versions behind step {step}")
             t_rollout = time.monotonic() - t0
             metrics = rl_step(model, optimizer, scheduler, groups, cfg.rl, tokenizer, pad_id, token_normalizer,
                               valid_tools=tuple(tools), temperature=cfg.rollout.temperature,

@@ -13,6 +13,7 @@ one episode becomes such an error record; it never stops the other episodes.
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,20 +71,19 @@ def collect_groups(
 
 def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dict[str, Tool],
                 base: SandboxConfig, reward: RewardConfig, monitor: MonitorConfig) -> Rollout:
+    version = getattr(policy, "policy_version", 0)  # the weights this episode starts with
     try:
         config = sandbox_config_for(task, base)
         with open_sandbox(broken_repo_dir(task), config) as sandbox:
-            version = getattr(policy, "policy_version", 0)  # the weights this episode starts with
             traj = run_episode(policy, sandbox, task, limits, tools)
             traj.policy_version = version
             if traj.stop_reason.is_infra_failure:
                 return Rollout(task, traj, valid=False, feedback=traj.error or "")
-            r = reward_from_trajectory(traj, task, sandbox, RewardConfig(
-                timeout_s=reward.timeout_s, max_feedback_chars=reward.max_feedback_chars,
-                max_chars_per_test=reward.max_chars_per_test, sandbox=config), monitor)
+            # the reward's clean sandbox gets the task's environment, like the agent's
+            r = reward_from_trajectory(traj, task, sandbox, dataclasses.replace(reward, sandbox=config), monitor)
     except Exception:  # a crashed episode becomes an error record, masked from training
         traj = Trajectory(task_id=task.instance_id, stop_reason=StopReason.SANDBOX_ERROR,
-                          error=traceback.format_exc())
+                          error=traceback.format_exc(), policy_version=version)
         return Rollout(task, traj, valid=False, feedback=traj.error)
     traj.metadata["reward"] = r.reward
     return Rollout(
