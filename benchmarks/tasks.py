@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/carl-bench-tasks/tasks.jsonl")
     ap.add_argument("--no-gold-run", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=2, help="candidates validated at once")
     args = ap.parse_args()
 
     entries = {d["name"]: d for d in map(json.loads, Path(args.dev_list).read_text().splitlines()) if d}
@@ -52,6 +53,7 @@ def main() -> None:
         catalog=args.dev_list,
         gold_run=not args.no_gold_run,
         seed=args.seed,
+        workers=args.workers,
     )
     rows = []
     t_all = time.perf_counter()
@@ -91,6 +93,9 @@ def main() -> None:
             + f" (broken, broken again{', gold' if len(runs) == 3 else ''})"
         )
         print(f"  its own tests: {test_s * 1000:.1f}ms of test calls; one sandboxed run of them {run_s:.2f}s")
+        throughput_s = r.validate_s / max(r.n_tasks, 1)
+        print(f"  throughput: validating took {r.validate_s:.1f}s with {args.workers} workers = "
+              f"{throughput_s:.2f}s per validated task (drops included) = {throughput_s / run_s:.2f}x one run")
         print(
             f"  ratio per validated task: {wall_s / test_s:.0f}x own tests' call time; {wall_s / run_s:.2f}x one "
             f"run of them (all-in {per_task / run_s:.2f}x; without the gold run "

@@ -5,6 +5,7 @@ tests. The project's own venv stands in for a prepared environment (it has pytes
 fixture packages); plugin autoload is off so that each pytest run starts fast.
 """
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -182,3 +183,12 @@ def test_cli_stats_show_and_skip_finished(built, capsys):
     assert "skipped" in capsys.readouterr().out
     assert main(["tasks", "build", "pypi:toolz", "--out", str(out)]) == 2
     assert "pypi:NAME==VERSION" in capsys.readouterr().err
+
+
+def test_one_worker_and_two_workers_validate_the_same_tasks(built, tmp_path):
+    """Parallel validation changes the order tasks are written in, never which tasks exist."""
+    repo, out, cfg, _ = built
+    serial = tmp_path / "serial.jsonl"
+    result = build_repo(str(repo), serial, dataclasses.replace(cfg, workers=1))
+    assert result.status == "ok", result.error
+    assert sorted(t.instance_id for t in load_tasks(serial)) == sorted(t.instance_id for t in load_tasks(out))

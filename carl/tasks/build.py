@@ -14,6 +14,8 @@ failed RepoResult; the batch goes on.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import shlex
 import shutil
@@ -21,6 +23,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +73,9 @@ class BuildConfig:
     """Stop a repo after this many validated tasks."""
     max_attempts_per_repo: int = 0
     """Stop a repo after this many (candidate, mode) tries; 0 means 4 x max_per_repo."""
+    workers: int = 2
+    """Candidates validated at once, each worker with its own sandbox and scratch copy. A task's
+    runs are single-threaded pytest processes, so 2 workers use both cores of a small machine."""
     modes: tuple[str, ...] = DELETION_MODES
     """Deletion modes to make tasks in."""
     kinds: tuple[str, ...] = DELETION_KINDS
@@ -109,6 +115,8 @@ class BuildConfig:
         for m in self.modes:
             if m not in DELETION_MODES:
                 raise ValueError(f"modes: got {m!r}, expected a subset of {DELETION_MODES}")
+        if self.workers < 1:
+            raise ValueError(f"workers: got {self.workers}, expected >= 1")
         for k in self.kinds:
             if k not in DELETION_KINDS:
                 raise ValueError(f"kinds: got {k!r}, expected a subset of {DELETION_KINDS}")
@@ -139,6 +147,8 @@ class RepoResult:
     """Wall time of the traced baseline run (its ratio to suite_s is the cost of the test map)."""
     task_test_s: list[float] = field(default_factory=list)
     """Per validated task: the summed call time of its own FAIL_TO_PASS + PASS_TO_PASS tests."""
+    validate_s: float = 0.0
+    """Wall time of validating candidates (all workers, drops included): the throughput cost."""
     task_wall_s: list[float] = field(default_factory=list)
     """Per validated task: wall time spent validating it (runs, copy, audit)."""
     task_runs_s: list[list[float]] = field(default_factory=list)
@@ -277,7 +287,16 @@ def _build(
             timeout_s=min(cfg.task_timeout_s, max(cfg.min_task_timeout_s, cfg.slow_factor * run1.wall_s)),
             gold_run=cfg.gold_run,
         )
-        _make_tasks(ctx, candidates, out, cfg, result, store, on_task)
+        with contextlib.ExitStack() as stack:
+            workers = [ctx]
+            for w in range(1, cfg.workers):  # more sandboxes + scratch copies over the same original
+                scratch = tmp / f"scratch{w}"
+                shutil.copytree(original, scratch, symlinks=True)
+                wsb = stack.enter_context(closing(open_sandbox(original, sandbox_cfg)))
+                workers.append(dataclasses.replace(ctx, sandbox=wsb, scratch=scratch, stats={}))
+            t_validate = time.perf_counter()
+            _make_tasks(workers, candidates, out, cfg, result, store, on_task)
+            result.validate_s = time.perf_counter() - t_validate
 
 
 def _fetch_original(spec: str, store: Path, tmp: Path):
@@ -315,33 +334,58 @@ def _environment(original: Path, layout, name: str, entry: dict, cfg: BuildConfi
 
 
 def _make_tasks(
-    ctx: RepoContext, candidates, out: Path, cfg: BuildConfig, result: RepoResult, store: Path, on_task
+    workers: list[RepoContext], candidates, out: Path, cfg: BuildConfig, result: RepoResult, store: Path, on_task
 ) -> None:
+    """Validate candidates in plan order on the worker contexts (one candidate per worker at a time).
+
+    Results are recorded here, in the calling thread, in completion order; a repo stops taking
+    new candidates once validated + in-flight tasks reach max_per_repo or the attempts run out.
+    """
+    ctx = workers[0]
     done = _existing_ids(out)
     max_attempts = cfg.max_attempts_per_repo or 4 * cfg.max_per_repo
-    for cand, mode in plan(candidates, list(cfg.modes), list(cfg.kinds), cfg.seed):
-        if result.n_tasks >= cfg.max_per_repo or result.n_attempts >= max_attempts:
-            break
-        if instance_id(ctx, cand, mode) in done:  # made by an interrupted earlier run
-            result.n_tasks += 1
-            continue
-        result.n_attempts += 1
-        t_task = time.perf_counter()
-        task = validate_candidate(ctx, cand, mode)
-        if isinstance(task, str):
-            result.drops[task] += 1
-            append_jsonl(
-                store / "drops.jsonl",
-                {"repo": ctx.name, "candidate": cand.name, "kind": cand.kind, "mode": mode, "reason": task},
-            )
-        else:
-            append_task(out, task)
-            result.n_tasks += 1
-            result.task_wall_s.append(time.perf_counter() - t_task)
-            result.task_test_s.append(sum(task.test_timings.values()))
-            result.task_runs_s.append(ctx.stats.pop("runs_s"))
-        if on_task:
-            on_task(result)
+    todo = iter(plan(candidates, list(cfg.modes), list(cfg.kinds), cfg.seed))
+    free = list(workers)
+    running: dict[Future, tuple[RepoContext, object, str, float]] = {}
+
+    def submit_next() -> bool:
+        for cand, mode in todo:
+            if result.n_tasks + len(running) >= cfg.max_per_repo or result.n_attempts >= max_attempts:
+                return False
+            if instance_id(ctx, cand, mode) in done:  # made by an interrupted earlier run
+                result.n_tasks += 1
+                continue
+            result.n_attempts += 1
+            w = free.pop()
+            running[pool.submit(validate_candidate, w, cand, mode)] = (w, cand, mode, time.perf_counter())
+            return True
+        return False
+
+    with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="validate") as pool:
+        while free and submit_next():
+            pass
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                w, cand, mode, t_task = running.pop(fut)
+                task = fut.result()
+                if isinstance(task, str):
+                    result.drops[task] += 1
+                    append_jsonl(
+                        store / "drops.jsonl",
+                        {"repo": ctx.name, "candidate": cand.name, "kind": cand.kind, "mode": mode, "reason": task},
+                    )
+                else:
+                    append_task(out, task)
+                    result.n_tasks += 1
+                    result.task_wall_s.append(time.perf_counter() - t_task)
+                    result.task_test_s.append(sum(task.test_timings.values()))
+                    result.task_runs_s.append(w.stats.pop("runs_s"))
+                free.append(w)
+                if on_task:
+                    on_task(result)
+            while free and submit_next():
+                pass
 
 
 class RepoFailure(RuntimeError):

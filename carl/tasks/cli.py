@@ -19,6 +19,7 @@ def register(subparsers) -> None:
     b.add_argument("--modes", default="stub,remove", help="comma list of stub, remove")
     b.add_argument("--kinds", default="function,method,class,module,cluster", help="comma list")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--workers", type=int, default=2, help="candidates validated at once (one sandbox each)")
     b.add_argument("--backend", default="bwrap", choices=["bwrap", "local"], help="sandbox backend")
     b.add_argument("--catalog", help="dev.jsonl-style file with test_deps / test_command / env per package")
     b.add_argument("--python-env", help="use this venv instead of preparing one per repo")
@@ -69,6 +70,7 @@ def _build(args: argparse.Namespace) -> int:
             modes=tuple(x for x in args.modes.split(",") if x),
             kinds=tuple(x for x in args.kinds.split(",") if x),
             seed=args.seed,
+            workers=args.workers,
             backend=args.backend,
             suite_timeout_s=args.suite_timeout,
             task_timeout_s=args.task_timeout,
