@@ -59,8 +59,9 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, train_rep
             if progress is not None:
                 progress(split, s, result)
         paths[split] = tasks_path
-    train = load_tasks(paths["train"]) if paths["train"].exists() else []
-    held_out = load_tasks(paths["eval"]) if paths["eval"].exists() else []
+    # sorted: parallel validation appends tasks in completion order, the world must not depend on it
+    train = sorted(load_tasks(paths["train"]) if paths["train"].exists() else [], key=lambda t: t.instance_id)
+    held_out = sorted(load_tasks(paths["eval"]) if paths["eval"].exists() else [], key=lambda t: t.instance_id)
     if not train or not held_out:
         raise RuntimeError(f"micro world built {len(train)} training and {len(held_out)} held-out tasks; "
                            "expected some of each (see the drop reasons in the task store)")
