@@ -27,7 +27,7 @@ from rich.console import Console
 
 from carl.config import save_config
 from carl.eval.bench import evaluate
-from carl.eval.report import BenchReport, render_table
+from carl.eval.report import render_table
 from carl.harness.agent import EpisodeLimits
 from carl.harness.tools import default_tools
 from carl.harness.transcript import transcript_text
@@ -178,9 +178,9 @@ def warm_start_data(cfg, run_dir, train_tasks, tokenizer, limits, tools, console
 
 
 def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools, console, log, step: int) -> dict:
-    with console.status(f"evaluating {name} on {len(tasks)} held-out tasks x {cfg.eval.samples_per_task}"):
-        with policy.sampling(cfg.eval.temperature):
-            report, _ = evaluate(name, lambda i: policy, tasks, cfg.eval.samples_per_task, limits, tools, cfg.sandbox)
+    status = f"evaluating {name} on {len(tasks)} held-out tasks x {cfg.eval.samples_per_task}"
+    with console.status(status), policy.sampling(cfg.eval.temperature):
+        report, _ = evaluate(name, lambda i: policy, tasks, cfg.eval.samples_per_task, limits, tools, cfg.sandbox)
     console.print(render_table(report))
     s = report.summary()
     log.log(step, {"eval/pass@1": s["pass@1"], "eval/pass@k": s[f"pass@{report.k}"],

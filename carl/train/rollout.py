@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from carl.harness.agent import EpisodeLimits, run_episode
 from carl.harness.tools.base import Tool

@@ -67,9 +67,9 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     totals = {"loss/grpo": 0.0, "loss/self_distill": 0.0}
     for micro in micro_batches(seqs, cfg.micro_batch_tokens):
         ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
-        mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1]).to(device)
+        mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
         grpo_mask_B_T = mask_B_T & torch.tensor([s.use_grpo for s in micro], device=device)[:, None]
-        rollout_B_T = _pad_float([s.rollout_logprobs_T for s in micro], ids_B_T.shape[1]).to(device)
+        rollout_B_T = pad_rows([s.rollout_logprobs_T for s in micro], ids_B_T.shape[1], torch.float32).to(device)
         advantages_B = torch.tensor([s.advantage for s in micro], device=device)
         need_logits = any(s.teachers for s in micro) and cfg.sd_weight > 0
         with autocast(model, compute_dtype):
@@ -176,17 +176,11 @@ def autocast(model: Any, compute_dtype: torch.dtype | None):
     return torch.autocast(device_type, dtype=compute_dtype if enabled else None, enabled=enabled)
 
 
-def _pad_bool(rows: list[list[bool]], T: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), T, dtype=torch.bool)
+def pad_rows(rows: list[list], T: int, dtype: torch.dtype) -> torch.Tensor:
+    """Right-pad per-token rows (masks, log-probs) with zeros to a [len(rows), T] tensor."""
+    out = torch.zeros(len(rows), T, dtype=dtype)
     for b, r in enumerate(rows):
-        out[b, : len(r)] = torch.tensor(r, dtype=torch.bool)
-    return out
-
-
-def _pad_float(rows: list[list[float]], T: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), T)
-    for b, r in enumerate(rows):
-        out[b, : len(r)] = torch.tensor(r)
+        out[b, : len(r)] = torch.tensor(r, dtype=dtype)
     return out
 
 

@@ -22,7 +22,7 @@ from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
 from carl.train.rollout import Rollout, collect_groups
-from carl.train.step import TrainSequence, _pad_bool, autocast, micro_batches
+from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 
 
 def expert_rollouts(tasks: list[TaskRecord], tokenizer: Any, num_episodes: int, mistakes: ExpertMistakes,
@@ -59,7 +59,7 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
         for micro in micro_batches(batch, micro_batch_tokens):
             device = next(model.parameters()).device
             ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
-            mask_B_T = _pad_bool([s.generated_mask_T for s in micro], ids_B_T.shape[1]).to(device)
+            mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
             with autocast(model, compute_dtype):
                 logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
             loss, m = sft_loss(logprobs_B_T, mask_B_T)
