@@ -1,28 +1,33 @@
 """Does RL learn? Held-out pass@1 of the warm start vs after RL, over seeds, and GRPO alone vs
 GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
 
-    .venv/bin/python benchmarks/learning.py                       # 3 seeds x {grpo, grpo+sd}
+    .venv/bin/python benchmarks/learning.py                       # 3 seeds x {grpo+sd, grpo}
     .venv/bin/python benchmarks/learning.py --seeds 0 --arms grpo+sd rl.steps=2   # a quick look
 
-Each (seed, arm) is one complete `carl train` run of the embedded default (or of the config
-given with --config) in its own run directory under --out; a finished run is reused, so an
-interrupted benchmark resumes. Both arms of a seed build the same micro world and the same warm
-start from that seed (they differ only in rl.sd_weight), and run the same number of rollouts.
-Printed per arm: warm-start and RL pass@1 (mean and spread over seeds), the RL - warm-start
-difference, tokens per episode and the tool-call error rate of the RL rollouts.
+Each seed is one complete `carl train` run of the embedded default (or of --config) for the
+first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
+The other arms branch from that run's pinned warm-start checkpoint (step 0) and train on the
+same task files, so every arm of a seed starts from the same weights and sees the same tasks
+and the same number of rollouts; they differ only in the arm's overrides. A finished run is
+reused, so an interrupted benchmark resumes.
 
-Cost: one run of the default is about 17 minutes on 2 CPU cores, so the full benchmark
-(3 seeds x 2 arms) takes about 1.7 hours there.
+Printed: per seed and arm, warm-start and RL pass@1; per arm the mean and spread (population
+std) over seeds, the paired RL - warm-start difference, how many seeds improved, tokens per
+episode and the tool-call error rate of the RL rollouts. Results go to <out>/learning.json.
+
+Cost: the first arm of a seed is one full run of the default (about 15 minutes on 2 CPU
+cores); each further arm adds its RL phase and final eval (about 9 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 from pathlib import Path
 
-ARMS = {"grpo": ["rl.sd_weight=0.0"], "grpo+sd": []}  # grpo+sd keeps the default sd_weight
+ARMS = {"grpo+sd": [], "grpo": ["rl.sd_weight=0.0"]}  # grpo+sd keeps the default sd_weight
 
 
 def main() -> None:
@@ -40,33 +45,62 @@ def main() -> None:
 
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
     for seed in args.seeds:
+        first = Path(args.out) / f"seed{seed}_{args.arms[0]}"
         for arm in args.arms:
             run_dir = Path(args.out) / f"seed{seed}_{arm}"
-            report = run_dir / "report.json"
-            if not report.exists():
-                overrides = [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}", *ARMS[arm], *args.overrides]
+            overrides = [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}", *ARMS[arm], *args.overrides]
+            if run_dir != first:
+                overrides += branch_from(first, run_dir)
+            if not (run_dir / "report.json").exists():
                 train(load_config(TrainConfig, args.config, overrides))
-            summary = json.loads(report.read_text())
-            rl_rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                       if "rl/reward_mean" in line]
-            results[arm].append({
-                "seed": seed,
-                "warm": summary["warm_start"]["pass@1"],
-                "rl": summary["rl"]["pass@1"],
-                "tokens": statistics.mean(r["rl/generated_tokens_per_episode"] for r in rl_rows),
-                "tool_errors": statistics.mean(r["rl/tool_error_rate"] for r in rl_rows),
-            })
+            results[arm].append(run_result(run_dir, seed))
+            print_row(arm, results[arm][-1])
 
-    print(f"\nheld-out pass@1 over seeds {args.seeds} (mean ± spread = population std)")
-    print(f"{'arm':<9} {'warm start':>14} {'after RL':>14} {'RL - warm':>14} {'tokens/ep':>10} {'tool err':>9}")
+    print(f"\nheld-out pass@1 over seeds {args.seeds} (mean ± spread = population std over seeds)")
+    print(f"{'arm':<9} {'warm start':>13} {'after RL':>13} {'RL - warm':>13} {'improved':>9} "
+          f"{'tokens/ep':>10} {'tool err':>9}")
     for arm, rows in results.items():
         warm, rl = [r["warm"] for r in rows], [r["rl"] for r in rows]
         diff = [b - a for a, b in zip(warm, rl)]
-        print(f"{arm:<9} {_ms(warm):>14} {_ms(rl):>14} {_ms(diff):>14} "
+        print(f"{arm:<9} {_ms(warm):>13} {_ms(rl):>13} {_ms(diff):>13} "
+              f"{sum(d > 0 for d in diff)}/{len(diff):<7} "
               f"{statistics.mean(r['tokens'] for r in rows):>10.0f} "
               f"{statistics.mean(r['tool_errors'] for r in rows):>9.2f}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "learning.json").write_text(json.dumps(results, indent=2))
+
+
+def branch_from(first: Path, run_dir: Path) -> list[str]:
+    """Start `run_dir` at `first`'s warm-start checkpoint, on `first`'s task files; returns the overrides."""
+    src = first / "checkpoints" / "step_000000"
+    if not (first / "report.json").exists() or not src.exists():
+        raise SystemExit(f"{first} has no finished run with a warm-start checkpoint to branch from")
+    ckpts = run_dir / "checkpoints"
+    if not (ckpts / "latest").exists():
+        ckpts.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, ckpts / "step_000000", dirs_exist_ok=True)
+        (ckpts / "latest").write_text("step_000000\n")
+    micro = first / "micro"
+    return [f"tasks={micro / 'warm_start.jsonl'}", f"rl_tasks={micro / 'rl.jsonl'}", f"eval_tasks={micro / 'eval.jsonl'}"]
+
+
+def run_result(run_dir: Path, seed: int) -> dict:
+    summary = json.loads((run_dir / "report.json").read_text())
+    rl_rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+               if "rl/reward_mean" in line]
+    return {
+        "seed": seed,
+        "warm": summary["warm_start"]["pass@1"],
+        "rl": summary["rl"]["pass@1"],
+        "rl_train_pass_rate": [r["rl/pass_rate"] for r in rl_rows],
+        "tokens": statistics.mean(r["rl/generated_tokens_per_episode"] for r in rl_rows),
+        "tool_errors": statistics.mean(r["rl/tool_error_rate"] for r in rl_rows),
+    }
+
+
+def print_row(arm: str, r: dict) -> None:
+    print(f"seed {r['seed']} {arm}: held-out pass@1 warm start {r['warm']:.3f} -> after RL {r['rl']:.3f}; "
+          f"RL pass rate per step {[round(x, 2) for x in r['rl_train_pass_rate']]}", flush=True)
 
 
 def _ms(xs: list[float]) -> str:

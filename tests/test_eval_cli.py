@@ -14,12 +14,13 @@ from carl.train.checkpoint import save_checkpoint
 
 @pytest.fixture(scope="module")
 def micro_tasks(tmp_path_factory):
-    """One training and one held-out micro task (~10-20 s: shared by the tests of this module)."""
+    """One held-out micro task (~10-20 s: shared by the tests of this module)."""
     from carl.micro.world import build_micro_tasks
 
-    world = build_micro_tasks(tmp_path_factory.mktemp("micro"), seed=0, difficulty=1, train_repos=1, eval_repos=1,
-                              max_tasks_per_repo=1, backend="local")
-    return world.eval_path
+    out = tmp_path_factory.mktemp("micro")
+    world = build_micro_tasks(out, seed=0, difficulty=1, repos={"eval": 1}, max_tasks_per_repo=1, backend="local")
+    assert len(world["eval"]) == 1
+    return out / "eval.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -253,3 +253,86 @@ def test_smollm2_converts_loads_and_answers(tmp_path):
     gen = policy.generate(ids, 20, [tok.eos_token_id])
     assert "4" in tok.decode(gen.token_ids)
     policy.close()
+
+
+# ---------------------------------------------------------------- prefix reuse across turns
+
+
+def test_next_turn_reuses_the_previous_turns_cache_and_matches_a_full_prefill(tiny_dir):
+    """Turn 2's prompt = turn 1's prompt + sampled ids + observation: only the new part is prefilled."""
+    reuse, full = _policy(tiny_dir, temperature=0.0), _policy(tiny_dir, temperature=0.0, prefix_cache_tokens=0)
+    turn1 = reuse.generate(PROMPTS[0], 10, [])
+    assert turn1.token_ids == full.generate(PROMPTS[0], 10, []).token_ids
+    prompt2 = PROMPTS[0] + turn1.token_ids + [3, 4, 5]
+    before = reuse.prefix_cache.reused_tokens
+    turn2 = reuse.generate(prompt2, 10, [])
+    assert reuse.prefix_cache.reused_tokens - before == len(PROMPTS[0]) + len(turn1.token_ids) - 1
+    ref = full.generate(prompt2, 10, [])
+    assert full.prefix_cache.reused_tokens == 0
+    assert turn2.token_ids == ref.token_ids
+    assert turn2.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+    reuse.close()
+    full.close()
+
+
+def test_concurrent_prompts_share_a_common_beginning(tiny_dir):
+    system = [1, 30, 31, 32, 33, 34, 35, 36]
+    policy = _policy(tiny_dir, temperature=0.0, batch_wait_s=0.3)
+    out = {}
+    threads = [threading.Thread(target=lambda i=i: out.setdefault(i, policy.generate(system + [50 + i], 6, [])))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert policy.max_live_rows == 3
+    assert policy.prefix_cache.reused_tokens == 2 * len(system)  # the 2nd and 3rd reuse the first's prefill
+    solo = _policy(tiny_dir, temperature=0.0, prefix_cache_tokens=0)
+    for i in range(3):
+        assert out[i].token_ids == solo.generate(system + [50 + i], 6, []).token_ids
+    policy.close()
+    solo.close()
+
+
+def test_weight_update_clears_the_prefix_cache(tiny_dir):
+    policy = _policy(tiny_dir, temperature=0.0)
+    policy.generate(PROMPTS[0], 6, [])
+    assert len(policy.prefix_cache) == 1
+    state = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    state["model.layers.0.self_attn.k_proj.weight"] = torch.randn_like(state["model.layers.0.self_attn.k_proj.weight"])
+    policy.update_weights(state)
+    assert len(policy.prefix_cache) == 0
+    fresh = _policy(tiny_dir, temperature=0.0, prefix_cache_tokens=0)
+    fresh.update_weights(state)
+    again = PROMPTS[0] + [9, 9]
+    assert policy.generate(again, 6, []).logprobs == pytest.approx(fresh.generate(again, 6, []).logprobs, abs=1e-4)
+    policy.close()
+    fresh.close()
+
+
+def test_prefix_cache_keeps_longest_sequences_and_evicts_least_recently_used():
+    from carl.policy.prefix_cache import PrefixCache
+
+    def kv(n):
+        return [(torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).repeat(1, 2, 1, 3),) * 2]
+
+    cache = PrefixCache(max_tokens=10)
+    cache.store([1, 2, 3], kv(3))
+    cache.store([1, 2, 3, 4, 5], kv(5))  # extends the first: it replaces it
+    assert len(cache) == 1 and cache.num_tokens == 5
+    cache.store([1, 2], kv(2))  # already covered
+    assert len(cache) == 1
+    n, got = cache.match([1, 2, 3, 9, 9])
+    assert n == 3 and got[0][0].shape == (1, 2, 3, 3) and got[0][0][0, 0, :, 0].tolist() == [0, 1, 2]
+    assert cache.match([1, 2, 3, 4, 5])[0] == 4  # the last prompt token is always fed
+    assert cache.match([7, 8])[0] == 0
+    cache.store([7, 7, 7, 7], kv(4))
+    cache.match([1, 2, 3, 4, 5, 6])  # touch the first entry: the 7s are now least recently used
+    cache.store([8, 8, 8], kv(3))  # 5 + 4 + 3 > 10: evict the 7s
+    assert cache.match([7, 7, 7, 7, 1])[0] == 0 and cache.match([1, 2, 3, 4, 5, 6])[0] == 5
+    assert cache.num_tokens == 8
+    off = PrefixCache(max_tokens=0)
+    off.store([1, 2, 3], kv(3))
+    assert len(off) == 0
+    with pytest.raises(ValueError, match="max_tokens"):
+        PrefixCache(max_tokens=-1)

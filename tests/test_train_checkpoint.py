@@ -96,10 +96,11 @@ def test_resume_from_a_checkpoint_continues_exactly(tmp_path, tiny_dir):
 
 def test_a_crash_mid_checkpoint_is_ignored_and_old_checkpoints_are_pruned(tmp_path, tiny_dir):
     tokenizer, model, optimizer, scheduler = _trainer(tiny_dir)
-    for step in (1, 2, 3):
+    for step in (0, 1, 2, 3):
         save_checkpoint(tmp_path, step, model, tokenizer, optimizer, scheduler, {"rl_step": step}, keep=2)
     root = tmp_path / "checkpoints"
-    assert sorted(p.name for p in root.glob("step_*")) == ["step_000002", "step_000003"]
+    # step 0 (the warm start) is pinned; of the others the newest 2 stay
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000", "step_000002", "step_000003"]
 
     crashed = root / "step_000004.tmp-x1y2"  # a writer killed before its rename
     (crashed / "model").mkdir(parents=True)

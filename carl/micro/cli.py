@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="carl-demo-"))
     with console.status("generating a micro repository and building feature-deletion tasks"):
-        world = build_micro_tasks(workdir, args.seed, args.difficulty, train_repos=1, eval_repos=1,
+        world = build_micro_tasks(workdir, args.seed, args.difficulty, {"warm_start": 1},
                                   max_tasks_per_repo=2, backend=args.sandbox)
-    task = world.train[0]
-    console.print(f"built {len(world.train) + len(world.eval)} validated tasks in {workdir}")
+    task = world["warm_start"][0]
+    console.print(f"built {len(world['warm_start'])} validated tasks in {workdir}")
     console.print(render_task(task.instance_id, task.problem_statement))
     policy = ExpertPolicy(task, ExpertMistakes(bad_call=1.0, wrong_edit=1.0), seed=args.seed)
     config = sandbox_config_for(task, SandboxConfig(backend=args.sandbox))

@@ -1,8 +1,10 @@
 """Micro-world tasks: generated repositories turned into tasks by the real pipeline.
 
     generate_repo(seed) x N  --carl.tasks.build.build_repo (same sandboxes, validation, scrub)-->
-        <dir>/train.jsonl   tasks from the training repos
-        <dir>/eval.jsonl    tasks from held-out repos (seeds disjoint from training: never trained on)
+        <dir>/warm_start.jsonl   tasks whose expert episodes are the warm-start data
+        <dir>/rl.jsonl           tasks RL trains on (disjoint from the warm start's: its groups are
+                                 not all-solved by a memorized answer, so they carry a signal)
+        <dir>/eval.jsonl         tasks from held-out repos (never trained on)
 
 No shortcut for the micro world: the repositories are ordinary Python packages with pytest
 suites, so every task is validated exactly like one from a real repository. Building is
@@ -12,40 +14,45 @@ reuses what it built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 from carl.micro.generate import generate_repo
 from carl.tasks import TaskRecord, load_tasks
 from carl.tasks.build import BuildConfig, build_repo, finished_specs, record_finished
 
+SPLITS = ("warm_start", "rl", "eval")
+"""Warm-start (expert data) repos, RL repos, held-out repos: three disjoint sets of generator seeds."""
 EVAL_SEED_OFFSET = 100_000  # held-out repos use seeds >= this; training repos use seeds below it
+RL_SEED_OFFSET = 500  # within a world's block of 1000 training seeds, RL repos start here
 
 
-@dataclass(frozen=True)
-class MicroTasks:
-    train: list[TaskRecord]
-    eval: list[TaskRecord]
-    train_path: Path
-    eval_path: Path
+def split_seeds(split: str, seed: int, num_repos: int) -> list[int]:
+    """Generator seeds of a split's repos: disjoint across splits and across worlds (seed)."""
+    if split not in SPLITS:
+        raise ValueError(f"split: got {split!r}, expected one of {SPLITS}")
+    if not 0 <= num_repos <= RL_SEED_OFFSET:
+        raise ValueError(f"{split} repos: got {num_repos}, expected 0..{RL_SEED_OFFSET}")
+    base = {"warm_start": seed * 1000, "rl": seed * 1000 + RL_SEED_OFFSET, "eval": EVAL_SEED_OFFSET + seed * 1000}
+    return [base[split] + i for i in range(num_repos)]
 
 
-def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, train_repos: int, eval_repos: int,
+def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Mapping[str, int],
                       modules_per_repo: int = 2, defs_per_module: int = 3, max_tasks_per_repo: int = 4,
-                      backend: str = "bwrap", progress=None) -> MicroTasks:
-    """Generate the repos and build their tasks (stub-mode function and method deletions)."""
+                      backend: str = "bwrap", progress=None) -> dict[str, list[TaskRecord]]:
+    """Generate each split's repos and build their tasks (stub-mode function and method deletions).
+
+    `repos` maps a split ("warm_start", "rl", "eval") to its number of repos; returns the tasks of
+    each split, sorted by id, also written to <out_dir>/<split>.jsonl.
+    """
     out = Path(out_dir)
     cfg = BuildConfig(max_per_repo=max_tasks_per_repo, modes=("stub",), kinds=("function", "method"),
                       seed=seed, backend=backend, task_timeout_s=60.0, suite_timeout_s=120.0)
-    splits = {
-        "train": [seed * 1000 + i for i in range(train_repos)],
-        "eval": [EVAL_SEED_OFFSET + seed * 1000 + i for i in range(eval_repos)],
-    }
-    paths = {}
-    for split, seeds in splits.items():
+    world: dict[str, list[TaskRecord]] = {}
+    for split, num_repos in repos.items():
         tasks_path = out / f"{split}.jsonl"
         done = finished_specs(tasks_path)
-        for s in seeds:
+        for s in split_seeds(split, seed, num_repos):
             repo_dir = out / "repos" / split / f"repo{s}"
             if str(repo_dir) in done:
                 continue
@@ -58,11 +65,9 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, train_rep
                 raise RuntimeError(f"micro repo {repo_dir} gave no tasks: {result.error}")
             if progress is not None:
                 progress(split, s, result)
-        paths[split] = tasks_path
-    # sorted: parallel validation appends tasks in completion order, the world must not depend on it
-    train = sorted(load_tasks(paths["train"]) if paths["train"].exists() else [], key=lambda t: t.instance_id)
-    held_out = sorted(load_tasks(paths["eval"]) if paths["eval"].exists() else [], key=lambda t: t.instance_id)
-    if not train or not held_out:
-        raise RuntimeError(f"micro world built {len(train)} training and {len(held_out)} held-out tasks; "
-                           "expected some of each (see the drop reasons in the task store)")
-    return MicroTasks(train, held_out, paths["train"], paths["eval"])
+        # sorted: parallel validation appends tasks in completion order, the world must not depend on it
+        world[split] = sorted(load_tasks(tasks_path) if tasks_path.exists() else [], key=lambda t: t.instance_id)
+        if num_repos and not world[split]:
+            raise RuntimeError(f"micro world built no {split} tasks from {num_repos} repos "
+                               f"(see the drop reasons in {out / (split + '.store')})")
+    return world

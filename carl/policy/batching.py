@@ -3,21 +3,26 @@
 Several agent episodes call `generate` from their own threads. Each call becomes a `Request` in
 a queue. One batcher thread runs `decode_loop`: it keeps a left-padded batch of live rows with
 a shared KV cache and, before every decode step, admits waiting requests (up to
-`max_batch_size` rows): they are prefilled as their own padded batch and merged into the live
-one (caches and attention masks left-padded to a common length). Each row stops on its own
-stop ids or token budget, leaves the batch at once (its cache row is dropped) and its caller
-wakes up, so an episode can run its tools while the others keep generating.
+`max_batch_size` rows): each is prefilled from the longest prefix whose KV states the
+`PrefixCache` holds (the previous turn of the same episode, or the shared system prompt) and
+merged into the live batch (caches and attention masks left-padded to a common length). Each row
+stops on its own stop ids or token budget, leaves the batch at once (its cache row goes to the
+prefix cache) and its caller wakes up, so an episode can run its tools while the others keep
+generating.
 
     episode threads                       batcher thread (decode_loop)
-    generate() ──┐                  ┌─> admit: prefill new requests, merge into the live batch
-    generate() ──┼──> queue ──> ────┤   decode one token for every live row
-    generate() ──┘   (wait)         └─> finished rows: result -> Event.set() -> caller returns
+    generate() ──┐                  ┌─> admit: prefill new requests past their cached prefix,
+    generate() ──┼──> queue ──> ────┤          merge into the live batch
+    generate() ──┘   (wait)         ├─> decode one token for every live row
+                                    └─> finished rows: cache row -> prefix cache,
+                                        result -> Event.set() -> caller returns
 
 The loop holds the policy's weights lock while any row is live; a weight update asks it to stop
 admitting (`paused`), the live rows finish, and the new weights load before the next admission,
 so one generation never mixes two weight versions.
 
-Shapes: B = live rows, S = cached positions (left-padded), L = padded prompt length, V = vocabulary.
+Shapes: B = live rows, S = cached positions (left-padded), L = prompt length, T = tokens fed
+in one forward, V = vocabulary.
 
 Log-probs: each sampled id comes with log softmax(logits / temperature) at that id, over the
 full vocabulary, i.e. *after* temperature and *before* top-p truncation. That is the quantity
@@ -45,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from carl.harness.policies import Generation
+from carl.policy.prefix_cache import KV, PrefixCache
 
 
 class RoutingRecorder(Protocol):
@@ -102,15 +108,17 @@ def decode_loop(
     admit: Callable[[int], list[Request]],
     deliver: Callable[[Request], None],
     sampling: SamplingParams,
-    pad_id: int,
     max_rows: int,
     recorder: RoutingRecorder | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> int:
     """Decode until no row is live and `admit` has nothing more; returns the number of forwards.
 
     `admit(n)` returns up to n waiting requests (non-blocking); `deliver(request)` is called
-    once per request when it finishes, with `request.result` set.
+    once per request when it finishes, with `request.result` set. With a `prefix_cache`, prompts
+    start from the longest stored prefix and finished rows are stored for the next turn.
     """
+    prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(max_tokens=0)
     batch: LiveBatch | None = None
     num_forwards = 0
     with torch.inference_mode():
@@ -119,42 +127,45 @@ def decode_loop(
             if batch is None and not new:
                 return num_forwards
             if batch is not None:
-                batch = decode_step(model, batch, sampling, deliver, recorder)
+                batch = decode_step(model, batch, sampling, deliver, recorder, prefix_cache)
                 num_forwards += 1
-            if new:
-                fresh = prefill(model, new, sampling, pad_id, deliver, recorder)
+            for request in new:
+                fresh = prefill(model, request, sampling, deliver, recorder, prefix_cache)
                 num_forwards += 1
                 batch = merge(batch, fresh)
 
 
 def prefill(
     model: Any,
-    requests: Sequence[Request],
+    request: Request,
     sampling: SamplingParams,
-    pad_id: int,
     deliver: Callable[[Request], None],
     recorder: RoutingRecorder | None,
+    prefix_cache: PrefixCache,
 ) -> LiveBatch | None:
-    """Run the prompts as one left-padded batch, sample each row's first token."""
+    """Run one prompt (from its longest stored prefix on), sample its first token.
+
+    One request per forward: with prefix reuse most of a prompt is already cached, and the
+    uncached suffixes of different requests have different lengths, so padding them into one
+    batch would mostly compute padding.
+    """
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    L = max(len(r.prompt_ids) for r in requests)
-    ids_B_L = torch.full((len(requests), L), pad_id, dtype=torch.long)
-    attn_B_L = torch.zeros((len(requests), L), dtype=torch.long)
-    for i, r in enumerate(requests):
-        ids_B_L[i, L - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        attn_B_L[i, L - len(r.prompt_ids) :] = 1
-    ids_B_L, attn_B_L = ids_B_L.to(device), attn_B_L.to(device)
-    pos_B_L = (attn_B_L.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    logits_B_V = _forward(model, list(requests), ids_B_L, attn_B_L, pos_B_L, cache, recorder)
+    L = len(request.prompt_ids)
+    n, kv = prefix_cache.match(request.prompt_ids)
+    cache = DynamicCache(ddp_cache_data=kv) if kv is not None else DynamicCache()
+    ids_1_T = torch.tensor([request.prompt_ids[n:]], dtype=torch.long, device=device)
+    attn_1_L = torch.ones((1, L), dtype=torch.long, device=device)
+    pos_1_T = torch.arange(n, L, device=device)[None]
+    logits_1_V = _forward(model, [request], ids_1_T, attn_1_L, pos_1_T, cache, recorder)
     if cache.get_seq_length() != L:
         # an older transformers ignores the `cache=` keyword (it was `past_key_values`) and
         # would silently decode without context
         raise RuntimeError("the model did not fill the KV cache: carl needs transformers >= 5.24")
-    batch = LiveBatch(list(requests), cache, attn_B_L, pos_B_L[:, -1], pos_B_L[:, -1] + 1)
-    return _sample_and_retire(batch, logits_B_V, sampling, deliver, recorder)
+    prefix_cache.store(request.prompt_ids, _row_kv(cache, 0, L))
+    batch = LiveBatch([request], cache, attn_1_L, pos_1_T[:, -1], pos_1_T[:, -1] + 1)
+    return _sample_and_retire(batch, logits_1_V, sampling, deliver, recorder, prefix_cache)
 
 
 def decode_step(
@@ -163,6 +174,7 @@ def decode_step(
     sampling: SamplingParams,
     deliver: Callable[[Request], None],
     recorder: RoutingRecorder | None,
+    prefix_cache: PrefixCache,
 ) -> LiveBatch | None:
     """Feed every row its next id, sample the one after it."""
     batch.attn_B_S = torch.cat([batch.attn_B_S, batch.attn_B_S.new_ones((len(batch.rows), 1))], dim=1)
@@ -170,7 +182,7 @@ def decode_step(
         model, batch.rows, batch.next_B[:, None], batch.attn_B_S, batch.pos_B[:, None], batch.cache, recorder
     )
     batch.pos_B = batch.pos_B + 1
-    return _sample_and_retire(batch, logits_B_V, sampling, deliver, recorder)
+    return _sample_and_retire(batch, logits_B_V, sampling, deliver, recorder, prefix_cache)
 
 
 def _forward(model, rows, ids_B_T, attn_B_S, pos_B_T, cache, recorder) -> torch.Tensor:
@@ -194,8 +206,10 @@ def _sample_and_retire(
     sampling: SamplingParams,
     deliver: Callable[[Request], None],
     recorder: RoutingRecorder | None,
+    prefix_cache: PrefixCache,
 ) -> LiveBatch | None:
-    """Sample one id per row; deliver the rows that finished and drop them from the batch."""
+    """Sample one id per row; deliver the rows that finished (storing their cache rows for the
+    next turn) and drop them from the batch."""
     next_B, logprob_B = sample_tokens(logits_B_V, [r.generator for r in batch.rows], sampling)
     keep = []
     for j, (r, tok, lp) in enumerate(zip(batch.rows, next_B.tolist(), logprob_B.tolist(), strict=True)):
@@ -203,6 +217,9 @@ def _sample_and_retire(
         r.logprobs.append(lp)
         if tok in r.stop_ids or len(r.token_ids) >= r.max_new_tokens:
             r.finish_reason = "stop" if tok in r.stop_ids else "length"
+            fed = r.prompt_ids + r.token_ids[:-1]  # the last sampled id was never fed
+            if prefix_cache.max_tokens:
+                prefix_cache.store(fed, _row_kv(batch.cache, j, len(fed)))
             routing = recorder.pop(r.request_id) if recorder is not None else None
             r.result = Generation(r.token_ids, r.logprobs, r.finish_reason, routing)  # type: ignore[arg-type]
             deliver(r)
@@ -221,6 +238,11 @@ def _sample_and_retire(
             batch.pos_B[keep_B],
         )
     return batch
+
+
+def _row_kv(cache: Any, row: int, length: int) -> KV:
+    """Row `row`'s last `length` cached positions, per layer (rows are left-padded: real tokens are last)."""
+    return [(layer.keys[row : row + 1, :, -length:], layer.values[row : row + 1, :, -length:]) for layer in cache.layers]
 
 
 def merge(a: LiveBatch | None, b: LiveBatch | None) -> LiveBatch | None:

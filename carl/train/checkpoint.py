@@ -7,7 +7,8 @@ Layout under `<run_dir>/checkpoints/`:
   latest               the name of the newest complete checkpoint (atomically replaced)
 
 A crash while writing leaves only a *.tmp-* directory that resume ignores, so at most the
-current step is lost. Older checkpoints beyond `keep` are deleted after a new one is complete.
+current step is lost. Older checkpoints beyond `keep` are deleted after a new one is complete,
+except the steps in `pinned` (step 0: the warm start, which `carl eval` and RL variants reuse).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
-                    trainer_state: dict[str, Any], keep: int = 2) -> Path:
+                    trainer_state: dict[str, Any], keep: int = 2, pinned: tuple[int, ...] = (0,)) -> Path:
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
@@ -58,7 +59,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         shutil.rmtree(final)
     tmp.rename(final)
     atomic_write_text(ckpt_root / "latest", name + "\n")
-    complete = sorted(p for p in ckpt_root.glob("step_*") if ".tmp-" not in p.name)
+    pinned_names = {f"step_{s:06d}" for s in pinned}
+    complete = sorted(p for p in ckpt_root.glob("step_*") if ".tmp-" not in p.name and p.name not in pinned_names)
     for old in complete[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     for stale in ckpt_root.glob("step_*.tmp-*"):

@@ -38,18 +38,24 @@ class MicroConfig:
     """The generated micro world the embedded default trains and evaluates on."""
 
     seed: int = 0
-    """Seed of the generator; held-out repos use seeds disjoint from training repos."""
+    """Seed of the world: its warm-start, RL and held-out repos use disjoint generator seeds."""
     difficulty: int = 1
     """1: one-line functions; 2: adds multi-line functions; 3: adds classes."""
-    train_repos: int = 4
-    eval_repos: int = 2
+    warm_start_repos: int = 3
+    """Repos whose tasks the expert solves for the warm start."""
+    rl_repos: int = 4
+    """Repos whose tasks RL trains on: other tasks than the warm start's, so that the warm-started
+    policy has not memorized their answers and GRPO groups mix successes and failures."""
+    eval_repos: int = 4
+    """Held-out repos (never trained on) of the warm-start and RL evaluations."""
     modules_per_repo: int = 2
     defs_per_module: int = 3
     max_tasks_per_repo: int = 3
     """Tasks kept per generated repo (feature-deletion candidates, stub mode)."""
 
     def __post_init__(self) -> None:
-        for name in ("train_repos", "eval_repos", "modules_per_repo", "defs_per_module", "max_tasks_per_repo"):
+        for name in ("warm_start_repos", "rl_repos", "eval_repos", "modules_per_repo", "defs_per_module",
+                     "max_tasks_per_repo"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"micro.{name}: got {getattr(self, name)}, expected a positive integer")
 
@@ -101,7 +107,7 @@ class WarmStartConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    steps: int = 4
+    steps: int = 6
     lr: float = 5e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -141,7 +147,10 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     micro: MicroConfig = field(default_factory=MicroConfig)
     tasks: str = ""
-    """A tasks.jsonl to train on instead of the micro world (held-out: `eval_tasks`)."""
+    """A tasks.jsonl to train on instead of the micro world: the warm start's expert solves these,
+    and RL trains on them too unless `rl_tasks` is set (held-out: `eval_tasks`)."""
+    rl_tasks: str = ""
+    """A tasks.jsonl for RL only (with `tasks`); default: RL on `tasks`."""
     eval_tasks: str = ""
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -1,10 +1,11 @@
 """`carl train`: warm start, then RL, then evaluation of both checkpoints, resumable at any step.
 
-    tasks (micro world or JSONL) --------------------------------------------------+
+    tasks (micro world or JSONL): warm-start, RL and held-out sets ----------------+
     model (SmolLM2 / local HF folder) -> trainer copy + HFPolicy (batched sampler)   |
                                                                                      v
-    warm start:  expert episodes (same harness) -> SFT epochs -> eval held-out (pass@1, pass@k)
-    RL step s:   tasks_per_step x G rollouts (policy version v >= s - max_staleness)
+    warm start:  expert episodes on warm-start tasks (same harness) -> SFT epochs
+                 -> eval held-out (pass@1, pass@k) -> checkpoint step 0 (kept: RL runs branch from it)
+    RL step s:   tasks_per_step x G rollouts of RL tasks (policy version v >= s - max_staleness)
                  -> rl_step (Dr. GRPO + self-distillation) -> policy.update_weights(v = s + 1)
                  -> metrics.jsonl, transcripts, plots, checkpoint
     final:       eval held-out with the RL weights -> report (warm start vs RL)
@@ -52,7 +53,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     log = MetricsLog(run_dir)
     seed_everything(cfg.seed)
 
-    train_tasks, eval_tasks = load_task_sets(cfg, run_dir, console)
+    task_sets = load_task_sets(cfg, run_dir, console)
+    rl_tasks, eval_tasks = task_sets["rl"], task_sets["eval"]
     tools = {name: tool for name, tool in default_tools().items() if name in cfg.tools}
     limits = episode_limits(cfg)
     model_path = resolve_model_path(cfg.model.path)
@@ -78,7 +80,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     # ---------------------------------------------------------------- warm start
     if state["phase"] == "warm_start":
         if cfg.warm_start.episodes > 0:
-            data = warm_start_data(cfg, run_dir, train_tasks, tokenizer, limits, tools, console, log)
+            data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, console, log)
             _set_lr(optimizer, cfg.warm_start.lr)
             while state["sft_epoch"] < cfg.warm_start.epochs:
                 rng = random.Random(cfg.seed * 1009 + state["sft_epoch"])
@@ -100,10 +102,10 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     if state["phase"] == "rl":
         _set_lr(optimizer, cfg.rl.lr)
         token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
-        order = task_order(len(train_tasks), cfg.seed)
+        order = task_order(len(rl_tasks), cfg.seed)
         while state["rl_step"] < cfg.rl.steps:
             step, t0 = state["rl_step"], time.monotonic()
-            batch = [train_tasks[order[(state["task_pos"] + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
+            batch = [rl_tasks[order[(state["task_pos"] + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
             groups = collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox)
             lagging = [r for g in groups for r in g if step - r.trajectory.policy_version > cfg.rollout.max_staleness]
             if lagging:  # synchronous RL (staleness 0) samples every rollout of step s with version s
@@ -142,31 +144,38 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 # ---------------------------------------------------------------- helpers
 
 
-def load_task_sets(cfg: TrainConfig, run_dir: Path, console: Console) -> tuple[list[TaskRecord], list[TaskRecord]]:
+def load_task_sets(cfg: TrainConfig, run_dir: Path, console: Console) -> dict[str, list[TaskRecord]]:
+    """{"warm_start": ..., "rl": ..., "eval": ...}: from JSONL files, or the micro world."""
+    from carl.config import ConfigError
+
     if cfg.tasks:
         if not cfg.eval_tasks:
-            from carl.config import ConfigError
-
             raise ConfigError("eval_tasks: required when tasks is set (held-out tasks to evaluate on)")
-        return load_tasks(cfg.tasks), load_tasks(cfg.eval_tasks)
+        warm = load_tasks(cfg.tasks)
+        return {"warm_start": warm, "rl": load_tasks(cfg.rl_tasks) if cfg.rl_tasks else warm,
+                "eval": load_tasks(cfg.eval_tasks)}
+    if cfg.rl_tasks or cfg.eval_tasks:
+        raise ConfigError("rl_tasks/eval_tasks: set `tasks` too, or none of them for the micro world")
     from carl.micro.world import build_micro_tasks
 
     m = cfg.micro
     with console.status("building micro-world tasks (generated repos -> feature deletion -> validation)"):
-        world = build_micro_tasks(run_dir / "micro", m.seed, m.difficulty, m.train_repos, m.eval_repos,
+        world = build_micro_tasks(run_dir / "micro", m.seed, m.difficulty,
+                                  {"warm_start": m.warm_start_repos, "rl": m.rl_repos, "eval": m.eval_repos},
                                   m.modules_per_repo, m.defs_per_module, m.max_tasks_per_repo,
                                   backend=cfg.sandbox.backend,
                                   progress=lambda split, s, r: console.print(
                                       f"  micro {split} repo {s}: {r.n_tasks} tasks ({r.wall_s:.0f}s)"))
-    console.print(f"micro world: {len(world.train)} training tasks, {len(world.eval)} held-out tasks")
-    return world.train, world.eval
+    console.print(f"micro world: {len(world['warm_start'])} warm-start, {len(world['rl'])} RL and "
+                  f"{len(world['eval'])} held-out tasks")
+    return world
 
 
-def warm_start_data(cfg, run_dir, train_tasks, tokenizer, limits, tools, console, log):
+def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, console, log):
     ws = cfg.warm_start
     mistakes = ExpertMistakes(bad_call=ws.bad_call, wrong_edit=ws.wrong_edit, skip_read=ws.skip_read)
     with console.status(f"collecting {ws.episodes} expert episodes"):
-        data = expert_rollouts(train_tasks, tokenizer, ws.episodes, mistakes, limits, tools, cfg.sandbox, cfg.seed)
+        data = expert_rollouts(warm_tasks, tokenizer, ws.episodes, mistakes, limits, tools, cfg.sandbox, cfg.seed)
     ok = [r for r in data if r.valid and r.passed]
     console.print(f"expert: {len(ok)}/{len(data)} episodes solved "
                   f"({sum(r.trajectory.num_generated_tokens for r in ok)} generated tokens)")

@@ -1,0 +1,71 @@
+"""`carl.train.loop.train` end to end on a tiny random model and one validated micro task:
+warm start -> eval -> RL step -> eval -> report, the pinned warm-start checkpoint, and a rerun
+that resumes from the finished state instead of training again."""
+
+import json
+
+import pytest
+import torch
+from rich.console import Console
+from tiny_hf import save_tiny_model
+
+from carl.config import ConfigError, load_config
+from carl.micro.world import build_micro_tasks, split_seeds
+from carl.train.config import TrainConfig
+from carl.train.loop import train
+
+
+@pytest.fixture(scope="module")
+def one_task(tmp_path_factory):
+    out = tmp_path_factory.mktemp("micro")
+    world = build_micro_tasks(out, seed=3, difficulty=1, repos={"warm_start": 1}, max_tasks_per_repo=1,
+                              backend="local")
+    assert len(world["warm_start"]) == 1
+    return out / "warm_start.jsonl"
+
+
+def _cfg(tmp_path, one_task, *extra):
+    model = save_tiny_model(tmp_path / "tiny")
+    return load_config(TrainConfig, None, [
+        f"run_dir={tmp_path / 'run'}", f"model.path={model}", "model.dtype=float32", "model.trainable_layers=1",
+        f"tasks={one_task}", f"eval_tasks={one_task}", "sandbox.backend=local",
+        "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",
+        "limits.context_budget_tokens=20000",
+        "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0", "warm_start.wrong_edit=0", "warm_start.skip_read=1",
+        "rl.steps=1", "rollout.group_size=2", "rollout.tasks_per_step=1", "eval.samples_per_task=1", *extra,
+    ])
+
+
+def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path, one_task):
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, one_task)
+    summary = train(cfg, Console(quiet=True))
+    assert set(summary) == {"warm_start", "rl"}
+    assert summary["rl"]["num_tasks"] == 1 and summary["rl"]["k"] == 1
+    run = tmp_path / "run"
+    assert json.loads((run / "report.json").read_text()) == json.loads(json.dumps(summary))
+    ckpts = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_000000", "step_000001"]  # the warm start is pinned
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss/sft" in r for r in rows) and any("rl/reward_mean" in r for r in rows)
+    assert any("eval/pass@1" in r for r in rows)
+    assert (run / "config.toml").exists() and list((run / "plots").glob("*.png"))
+    # a finished run resumes at phase "done": same report, no new RL step
+    again = train(cfg, Console(quiet=True))
+    assert again == summary
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_rl_tasks_without_tasks_is_a_config_error(tmp_path, one_task):
+    cfg = load_config(TrainConfig, None, [f"run_dir={tmp_path}", f"rl_tasks={one_task}"])
+    with pytest.raises(ConfigError, match="rl_tasks"):
+        train(cfg, Console(quiet=True))
+
+
+def test_micro_splits_use_disjoint_generator_seeds():
+    all_seeds = [s for world in (0, 1) for split in ("warm_start", "rl", "eval") for s in split_seeds(split, world, 50)]
+    assert len(all_seeds) == len(set(all_seeds)) == 300
+    with pytest.raises(ValueError, match="split"):
+        split_seeds("train", 0, 1)
+    with pytest.raises(ValueError, match="rl repos"):
+        split_seeds("rl", 0, 501)
