@@ -148,3 +148,19 @@ def test_sft_epoch_learns_the_expert_tokens_and_skips_failed_rollouts(tiny_dir):
                         grad_clip=1.0, rng=random.Random(e)) for e in range(4)]
     assert all(len(losses) == 1 for losses in epochs)  # one batch: the solved rollout's one segment
     assert epochs[-1][0] < 0.7 * epochs[0][0], epochs
+
+
+def test_a_segment_without_generated_tokens_is_skipped(tiny_dir):
+    """A resumed segment that a limit cut before its first reply has no loss terms: it must not
+    reach the model (alone in a micro-batch it would score no position)."""
+    group = _group([1.0, 0.0])
+    prompt_only = _seq(7, n_gen=0)
+    group[1].trajectory.segments.append(
+        token_rollout(*prompt_only, reward=0.0).trajectory.segments[0])
+    metrics, deltas = _deltas(tiny_dir, [group])
+    assert metrics["rl/num_sequences"] == 2 and math.isfinite(metrics["loss/total"])
+    _, without = _deltas(tiny_dir, [_group([1.0, 0.0])])
+    for k in without:
+        torch.testing.assert_close(deltas[k], without[k])
+    only_empty = [token_rollout(*prompt_only, reward=1.0), token_rollout(*prompt_only, reward=0.0)]
+    assert _deltas(tiny_dir, [only_empty])[0] == {"rl/num_sequences": 0.0}

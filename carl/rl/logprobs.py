@@ -74,6 +74,8 @@ def sequence_logprobs(
         aligned_B_T_V = torch.cat([torch.zeros_like(logits_B_T_V[:, :1]), logits_B_T_V[:, :-1]], dim=1)
         return logprobs_B_T, aligned_B_T_V
     targets_K = torch.nonzero(score_mask_B_T[:, 1:].any(0)).squeeze(-1) + 1  # scored positions, t >= 1
+    if len(targets_K) == 0:
+        raise ValueError("score_mask_B_T selects no position t >= 1: nothing to score (drop such sequences)")
     logits_B_K_V = model(input_ids=token_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False,
                          logits_to_keep=(targets_K - 1).to(token_ids_B_T.device)).logits
     scored_B_K = token_logprobs(logits_B_K_V, token_ids_B_T[:, targets_K], temperature)

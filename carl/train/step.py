@@ -128,7 +128,7 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
         advantages_G = group_advantages(rewards_G, valid_G)
         sibling = next((r.trajectory for r in group if r.valid and r.passed), None)
         for r, adv, ok in zip(group, advantages_G.tolist(), valid_G.tolist()):
-            if not ok or not any(s.token_ids_T for s in r.trajectory.segments):
+            if not ok or not any(any(s.generated_mask_T) for s in r.trajectory.segments):
                 continue
             use_grpo = r.passed or not cfg.route_by_outcome
             use_sd = cfg.sd_weight > 0 and (not r.passed or not cfg.route_by_outcome)
@@ -143,7 +143,7 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
                         continue
                     teachers_by_segment.setdefault(t.segment, []).append(t)
             for i, seg in enumerate(r.trajectory.segments):
-                if not seg.token_ids_T:
+                if not any(seg.generated_mask_T):  # e.g. a resumed segment cut by a limit before its first reply
                     continue
                 seqs.append(TrainSequence(seg.token_ids_T, seg.generated_mask_T, seg.logprobs_T, adv,
                                           use_grpo, teachers_by_segment.get(i, [])))

@@ -47,7 +47,7 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
               compute_dtype: torch.dtype | None = None) -> list[float]:
     """One pass over the successful rollouts' segments in random order; returns the batch losses."""
     seqs = [TrainSequence(s.token_ids_T, s.generated_mask_T, s.logprobs_T, 0.0)
-            for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if s.token_ids_T]
+            for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if any(s.generated_mask_T)]
     rng.shuffle(seqs)
     losses = []
     model.train()
