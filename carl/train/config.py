@@ -41,8 +41,10 @@ class MicroConfig:
     """Seed of the world: its warm-start, RL and held-out repos use disjoint generator seeds."""
     difficulty: int = 1
     """1: one-line functions; 2: adds multi-line functions; 3: adds classes."""
-    warm_start_repos: int = 3
-    """Repos whose tasks the expert solves for the warm start."""
+    warm_start_repos: int = 8
+    """Repos whose tasks the expert solves for the warm start. With 3 (9 tasks, 16 episodes) the
+    warm start reached held-out pass@1 0.083 in two runs and solved 0 of 16 RL rollouts in the
+    first two RL steps: no GRPO signal (measured)."""
     rl_repos: int = 4
     """Repos whose tasks RL trains on: other tasks than the warm start's, so that the warm-started
     policy has not memorized their answers and GRPO groups mix successes and failures."""
@@ -93,8 +95,8 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class WarmStartConfig:
-    episodes: int = 16
-    """Expert episodes (on training tasks) used as supervised data; 0 skips the warm start."""
+    episodes: int = 32
+    """Expert episodes (on warm-start tasks) used as supervised data; 0 skips the warm start."""
     epochs: int = 3
     lr: float = 5e-4
     """High for a 6-block fine-tune of 16 episodes: at 1e-4 x 2 epochs SmolLM2 still wrote no
@@ -107,7 +109,7 @@ class WarmStartConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    steps: int = 6
+    steps: int = 5
     lr: float = 5e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
