@@ -13,10 +13,11 @@ reused, so an interrupted benchmark resumes.
 
 Printed: per seed and arm, warm-start and RL pass@1; per arm the mean and spread (population
 std) over seeds, the paired RL - warm-start difference, how many seeds improved, tokens per
-episode and the tool-call error rate of the RL rollouts. Results go to <out>/learning.json.
+episode and the tool-call error rate of the RL rollouts. Results go to <out>/learning.json and
+<out>/learning.png (one line per seed: warm start -> after RL).
 
-Cost: the first arm of a seed is one full run of the default (about 15 minutes on 2 CPU
-cores); each further arm adds its RL phase and final eval (about 9 minutes).
+Cost: the first arm of a seed is one full run of the default (about 22 minutes on 2 CPU
+cores); each further arm adds its RL phase and final eval (about 14 minutes).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> None:
               f"{statistics.mean(r['tool_errors'] for r in rows):>9.2f}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "learning.json").write_text(json.dumps(results, indent=2))
+    plot(results, Path(args.out) / "learning.png")
 
 
 def branch_from(first: Path, run_dir: Path) -> list[str]:
@@ -101,6 +103,28 @@ def run_result(run_dir: Path, seed: int) -> dict:
 def print_row(arm: str, r: dict) -> None:
     print(f"seed {r['seed']} {arm}: held-out pass@1 warm start {r['warm']:.3f} -> after RL {r['rl']:.3f}; "
           f"RL pass rate per step {[round(x, 2) for x in r['rl_train_pass_rate']]}", flush=True)
+
+
+def plot(results: dict[str, list[dict]], path: Path) -> None:
+    """Held-out pass@1 per seed: warm start -> after RL, one line per (arm, seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for i, (arm, rows) in enumerate(results.items()):
+        for r in rows:
+            ax.plot([0, 1], [r["warm"], r["rl"]], marker="o", color=f"C{i}", alpha=0.8,
+                    label=arm if r is rows[0] else None)
+    ax.set_xticks([0, 1], ["warm start", "after RL"])
+    ax.set_ylabel("held-out pass@1")
+    ax.set_title("one line per seed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"plot: {path}")
 
 
 def _ms(xs: list[float]) -> str:

@@ -14,6 +14,11 @@
     (b') model.generate of the same B prompts on the same model object (do_sample, top_k off,
          min_new_tokens = N so every row makes exactly N tokens)
 
+    (c)  multi-turn episodes: B concurrent threads, each --turns turns; turn t's prompt is turn
+         t-1's prompt + its sampled ids + --obs-len observation ids (as the harness builds it),
+         HFPolicy with prefix reuse (`prefix_cache_tokens=65536`) against the same policy with
+         reuse off (`prefix_cache_tokens=0`), same prompts, same seeds
+
 Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
 (b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
 warm-up each, and the ratios
@@ -65,7 +70,9 @@ def main() -> None:
                    help="compute dtype of the train step (autocast) and weights of the sampler")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn")
+    p.add_argument("--turns", type=int, default=4, help="(c) turns per episode")
+    p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
     p.add_argument("--json", default="", help="also write the results here")
     args = p.parse_args()
     iters = 1 if args.quick else args.iters
@@ -79,6 +86,8 @@ def main() -> None:
             results.update(bench_train(path, args, iters))
         if "generate" not in args.skip:
             results.update(bench_generate(path, args, iters))
+        if "multiturn" not in args.skip:
+            results.update(bench_multiturn(path, args, iters))
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -215,6 +224,62 @@ def bench_generate(path: Path, args: argparse.Namespace, iters: int) -> dict[str
           f"up to {live_rows} rows decoded together)")
     print(f"(b') model.generate    {out['generate_plain_tokens_per_s']:9.1f} tok/s ({t_plain:.2f} s)   "
           f"ratio {out['generate_ratio_carl_over_plain']:.2f}")
+    return out
+
+
+# ---------------------------------------------------------------- (c) multi-turn: prefix reuse on vs off
+
+
+def bench_multiturn(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    policies = {name: HFPolicy(HFPolicyConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
+                                              max_batch_size=args.batch, batch_wait_s=0.05, seed=3, **kw))
+                for name, kw in (("reuse", {"prefix_cache_tokens": 65536}), ("full", {"prefix_cache_tokens": 0}))}
+    vocab = policies["reuse"].model.config.vocab_size
+    g = torch.Generator().manual_seed(2)
+    first = [torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.batch)]
+    obs = [[torch.randint(3, vocab, (args.obs_len,), generator=g).tolist() for _ in range(args.turns)]
+           for _ in range(args.batch)]
+    generated: dict[str, list[int]] = {"reuse": [], "full": []}
+
+    def episodes(name: str):
+        policy = policies[name]
+        policy.prefix_cache.clear()  # every run starts cold, like a new step's rollouts
+
+        def run():
+            totals = [0] * args.batch
+
+            def one(i: int) -> None:
+                prompt = list(first[i])
+                for t in range(args.turns):
+                    gen = policy.generate(prompt, args.new_tokens, stop_ids=[])
+                    totals[i] += len(gen.token_ids)
+                    prompt = prompt + gen.token_ids + obs[i][t]
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(args.batch)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            generated[name].append(sum(totals))
+        return run
+
+    t_reuse, t_full = timed_pair(episodes("reuse"), episodes("full"), iters, args.device)
+    cache = policies["reuse"].prefix_cache
+    reused_frac = cache.reused_tokens / max(cache.reused_tokens + cache.prefilled_tokens, 1)
+    for policy in policies.values():
+        policy.close()
+    tokens = args.batch * args.turns * args.new_tokens
+    out = {
+        "multiturn_generated_tokens": tokens,
+        "multiturn_reuse_s": t_reuse,
+        "multiturn_full_prefill_s": t_full,
+        "multiturn_prompt_tokens_reused_frac": reused_frac,
+        "multiturn_ratio_reuse_over_full": t_full / t_reuse,
+    }
+    print(f"(c)  {args.batch} episodes x {args.turns} turns, prefix reuse {tokens / t_reuse:9.1f} tok/s "
+          f"({t_reuse:.2f} s; {100 * reused_frac:.0f}% of prompt tokens reused)")
+    print(f"(c') same, full prefill each turn {tokens / t_full:9.1f} tok/s ({t_full:.2f} s)   "
+          f"ratio {out['multiturn_ratio_reuse_over_full']:.2f}")
     return out
 
 

@@ -336,3 +336,13 @@ def test_prefix_cache_keeps_longest_sequences_and_evicts_least_recently_used():
     assert len(off) == 0
     with pytest.raises(ValueError, match="max_tokens"):
         PrefixCache(max_tokens=-1)
+
+
+def test_prefix_reuse_and_attention_kernel_defaults_depend_on_the_device():
+    cpu, gpu = HFPolicyConfig(path="m"), HFPolicyConfig(path="m", device="cuda:0")
+    assert cpu.resolved_prefix_cache_tokens() == 65536 and gpu.resolved_prefix_cache_tokens() == 0
+    assert HFPolicyConfig(path="m", device="cuda:0", prefix_cache_tokens=4096).resolved_prefix_cache_tokens() == 4096
+    assert cpu.resolved_attn_implementation() == "eager" and gpu.resolved_attn_implementation() is None
+    assert HFPolicyConfig(path="m", dtype="float32").resolved_attn_implementation() is None
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        HFPolicyConfig(path="m", prefix_cache_tokens=-1)
