@@ -16,7 +16,7 @@ std) over seeds, the paired RL - warm-start difference, how many seeds improved,
 episode and the tool-call error rate of the RL rollouts. Results go to <out>/learning.json and
 <out>/learning.png (one line per seed: warm start -> after RL).
 
-Cost: the first arm of a seed is one full run of the default (about 22 minutes on 2 CPU
+Cost: the first arm of a seed is one full run of the default (22-29 minutes measured on 2 CPU
 cores); each further arm adds its RL phase and final eval (about 14 minutes).
 """
 
