@@ -217,8 +217,8 @@ def _sample_and_retire(
         r.logprobs.append(lp)
         if tok in r.stop_ids or len(r.token_ids) >= r.max_new_tokens:
             r.finish_reason = "stop" if tok in r.stop_ids else "length"
-            fed = r.prompt_ids + r.token_ids[:-1]  # the last sampled id was never fed
             if prefix_cache.max_tokens:
+                fed = r.prompt_ids + r.token_ids[:-1]  # the last sampled id was never fed
                 prefix_cache.store(fed, _row_kv(batch.cache, j, len(fed)))
             routing = recorder.pop(r.request_id) if recorder is not None else None
             r.result = Generation(r.token_ids, r.logprobs, r.finish_reason, routing)  # type: ignore[arg-type]
