@@ -269,6 +269,8 @@ def bench_multiturn(path: Path, args: argparse.Namespace, iters: int) -> dict[st
     for policy in policies.values():
         policy.close()
     tokens = args.batch * args.turns * args.new_tokens
+    if any(c != tokens for counts in generated.values() for c in counts):
+        raise RuntimeError(f"expected {tokens} generated tokens per run, got {generated}")
     out = {
         "multiturn_generated_tokens": tokens,
         "multiturn_reuse_s": t_reuse,

@@ -62,9 +62,9 @@ class HFPolicyConfig:
     """Cached positions kept for prefix reuse across turns (`carl.policy.prefix_cache`); 0 turns
     reuse off; None (auto) = 65536 on CPU and off elsewhere. Measured with benchmarks/trainer.py
     part (c), 8 episodes x 4 turns of 128 sampled + 96 observation tokens after 1024-token
-    prompts, random SmolLM2-135M weights, bf16: on the H200 reuse made the run 2.3-2.5x *slower* (two runs)
-    (decode steps took 55 ms instead of 37 ms with the same rows and cache length; cause not
-    found), while on 2 CPU cores it cut prefill from 60% of rollout time to 12% (2.3x faster
+    prompts, random SmolLM2-135M weights, bf16: on the H200 reuse made the run 2.3-2.5x *slower*
+    (two runs; decode steps took 55 ms instead of 37 ms with the same rows and cache length; cause
+    not found), while on 2 CPU cores it cut prefill from 60% of rollout time to 12% (2.3x faster
     evaluation). Cost per position: 2 x layers x kv_heads x head_dim x dtype bytes (SmolLM2-135M
     in bf16: 23 KB, so 65536 positions take about 1.5 GB). Off when a routing recorder is given
     (router replay needs every prompt position's routing)."""
@@ -85,8 +85,8 @@ class HFPolicyConfig:
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens: got {self.prefix_cache_tokens}, expected >= 0 (0 = off) or None")
 
-
     def resolved_prefix_cache_tokens(self) -> int:
+        """The prefix cache size to use (resolves None: on for CPU, off elsewhere)."""
         if self.prefix_cache_tokens is not None:
             return self.prefix_cache_tokens
         return 65536 if self.device == "cpu" else 0
