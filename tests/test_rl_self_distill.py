@@ -84,7 +84,10 @@ def test_failed_reward_blames_unblamed_edit_turns_and_adds_sibling_actions():
         (3, "failed_reward"),
     ]
     assert "test_mul" in found[2].hint
-    assert '<tool name="edit_file"><path>b.py</path></tool>' in found[2].hint
+    assert "unknown tool 'reed_file'" in found[0].hint and "tests/test_a.py::test_add" in found[1].hint
+    demo = '<tool name="edit_file"><path>b.py</path></tool>'
+    assert all(demo in e.hint for e in found), "a failed episode's every hint shows the sibling's actions"
+    assert demo not in " ".join(e.hint for e in find_error_turns(traj, sibling=sibling)), "passed: no sibling"
 
 
 def test_teacher_context_inserts_hint_before_the_turn_and_copies_student_tokens():

@@ -3,6 +3,7 @@ warm start -> eval -> RL step -> eval -> report, the pinned warm-start checkpoin
 that resumes from the finished state instead of training again."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from rich.console import Console
 from tiny_hf import save_tiny_model
 
 from carl.config import ConfigError, load_config
+from carl.micro.generate import package_name
 from carl.micro.world import build_micro_tasks, split_seeds
 from carl.train.config import TrainConfig
 from carl.train.loop import train
@@ -50,6 +52,9 @@ def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path
     assert any("loss/sft" in r for r in rows) and any("rl/reward_mean" in r for r in rows)
     assert any("eval/pass@1" in r for r in rows)
     assert (run / "config.toml").exists() and list((run / "plots").glob("*.png"))
+    evals = sorted(p.name for p in (run / "transcripts").glob("step*_eval_*.txt"))
+    assert [n[:19] for n in evals] == ["step00000_eval_000_", "step00001_eval_000_"]  # warm start, after RL
+    assert "Stubbed:" in (run / "transcripts" / evals[0]).read_text()
     # a finished run resumes at phase "done": same report, no new RL step
     again = train(cfg, Console(quiet=True))
     assert again == summary
@@ -65,6 +70,9 @@ def test_rl_tasks_without_tasks_is_a_config_error(tmp_path, one_task):
 def test_micro_splits_use_disjoint_generator_seeds():
     all_seeds = [s for world in (0, 1) for split in ("warm_start", "rl", "eval") for s in split_seeds(split, world, 50)]
     assert len(all_seeds) == len(set(all_seeds)) == 300
+    names = [package_name(s) for s in all_seeds]
+    assert len(set(names)) == len(names), "every repo of two worlds has its own package name"
+    assert all(re.fullmatch(r"[a-z]+_[a-z]+[0-9]", n) for n in names)
     with pytest.raises(ValueError, match="split"):
         split_seeds("train", 0, 1)
     with pytest.raises(ValueError, match="rl repos"):

@@ -116,8 +116,18 @@ def test_srpo_routes_successes_to_grpo_and_failures_to_self_distillation():
 
     mixed = build_sequences([group], RLConfig(route_by_outcome=False, sd_weight=0.5), tok, TOOLS)
     assert [(s.use_grpo, len(s.teachers)) for s in mixed] == [(True, 0), (True, 2)]
+    assert all("A successful attempt" in t_hint for t_hint in _teacher_texts(tok, mixed[1]))
+    no_success = [failed_rollout(tok), failed_rollout(tok)]
+    assert [len(s.teachers) for s in build_sequences([no_success], RLConfig(sd_weight=0.5), tok, TOOLS)] == [0, 0]
+    feedback = build_sequences([no_success], RLConfig(sd_weight=0.5, sd_needs_success=False), tok, TOOLS)
+    assert [len(s.teachers) for s in feedback] == [2, 2]
+    assert not any("A successful attempt" in h for s in feedback for h in _teacher_texts(tok, s))
     off = build_sequences([group], RLConfig(route_by_outcome=False, sd_weight=0.0), tok, TOOLS)
     assert [len(s.teachers) for s in off] == [0, 0]
+
+
+def _teacher_texts(tok, seq) -> list[str]:
+    return [tok.decode(t.teacher_ids[: t.teacher_positions[0]]) for t in seq.teachers]
 
 
 @pytest.mark.parametrize("sd_loss", ["topk", "sampled"])

@@ -62,6 +62,25 @@ _MODULES = ["numbers", "text", "lists", "metrics", "records", "shapes"]
 _WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa"]
 
 
+_PKG_ADJ = ["tidy", "brisk", "quiet", "amber", "lunar", "rapid", "solid", "mellow", "crisp", "nimble", "silver",
+            "cobalt", "gentle", "hollow", "bright", "frozen", "golden", "humble", "jolly", "misty", "noble",
+            "plain", "royal", "sunny"]
+_PKG_NOUN = ["ledger", "toolkit", "parser", "engine", "atlas", "harbor", "widget", "beacon", "folio", "kernel",
+             "garden", "bridge", "anchor", "canvas", "compass", "lantern", "meadow", "orbit", "pebble", "quarry",
+             "signal", "timber", "vessel", "zephyr"]
+
+
+def package_name(seed: int) -> str:
+    """The package of repo `seed`, e.g. "amber_ledger3": a word pair the agent must copy from the task,
+    distinct for any two seeds less than 5760 apart (an affine permutation of the 576 pairs, then a
+    digit). Numbered names ("micro001") let a small model write a memorized warm-start repo's name
+    for an unseen one (seen in RL rollouts), and the former `seed % 1000` gave the held-out repos
+    (seeds 100000+) the warm-start repos' names."""
+    n = seed % (10 * 576)
+    pair = (n * 373 + 101) % 576  # 373 is coprime with 576: a bijection that scatters neighbouring seeds
+    return f"{_PKG_ADJ[pair % 24]}_{_PKG_NOUN[pair // 24]}{n // 576}"
+
+
 @dataclass(frozen=True)
 class MicroRepo:
     root: Path
@@ -82,7 +101,7 @@ def generate_repo(out_dir: str | Path, seed: int, difficulty: int = 1, num_modul
     if root.exists() and any(root.iterdir()):
         raise ValueError(f"out_dir: {str(root)!r} is not empty")
     rng = random.Random(f"carl-micro-{seed}-{difficulty}")
-    package = f"micro{seed % 1000:03d}"
+    package = package_name(seed)
     pool = list(_ONE_LINERS) + (list(_MULTI_LINE) if difficulty >= 2 else [])
     (root / package).mkdir(parents=True)
     (root / "tests").mkdir()

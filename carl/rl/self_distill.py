@@ -95,8 +95,11 @@ def find_error_turns(
     - failing_tests: a run_tests result reports failures; the turns that edited files since the
       previous test run are blamed; hint = the test output.
     - failed_reward: `reward_feedback` (the clean-sandbox test output of a failed episode) is
-      given; every editing turn not blamed yet (else the last turn) gets it as hint, followed by
-      a successful `sibling` rollout's actions from the same group when one is given.
+      given; every editing turn not blamed yet (else the last turn) gets it as hint.
+    In a failed episode (`reward_feedback` given) with a successful `sibling` rollout of the same
+    group, every hint is followed by the sibling's actions: the one hint that shows a small model
+    what to write instead. (Appending it to the failed_reward turns only left it out of the most
+    common failure, a wrong edit that the episode's own test run had already blamed.)
     """
     found: dict[int, ErrorTurn] = {}
     edits_since_tests: list[int] = []
@@ -120,15 +123,16 @@ def find_error_turns(
                         found.setdefault(j, ErrorTurn(j, "failing_tests", hint))
                 edits_since_tests = []
     if reward_feedback is not None and trajectory.turns:
-        text = "The final tests failed:\n" + reward_feedback
-        if sibling is not None:
-            text = _clip(text, max_hint_chars // 2) + "\n\n" + sibling_hint(sibling)
-        hint = _clip(text, max_hint_chars)
+        hint = _clip("The final tests failed:\n" + reward_feedback, max_hint_chars)
         edit_turns = [i for i, t in enumerate(trajectory.turns) if any(c.name in EDIT_TOOLS for c in t.calls)]
         for j in [i for i in edit_turns if i not in found] or (
             [len(trajectory.turns) - 1] if not edit_turns else []
         ):
             found.setdefault(j, ErrorTurn(j, "failed_reward", hint))
+        if sibling is not None:
+            demo = sibling_hint(sibling)
+            found = {i: ErrorTurn(i, e.kind, _clip(_clip(e.hint, max_hint_chars // 2) + "\n\n" + demo, max_hint_chars))
+                     for i, e in found.items()}
     return [found[i] for i in sorted(found)]
 
 

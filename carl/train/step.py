@@ -131,7 +131,9 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
             if not ok or not any(any(s.generated_mask_T) for s in r.trajectory.segments):
                 continue
             use_grpo = r.passed or not cfg.route_by_outcome
-            use_sd = cfg.sd_weight > 0 and (not r.passed or not cfg.route_by_outcome)
+            has_demo = sibling is not None and not r.passed
+            use_sd = (cfg.sd_weight > 0 and (not r.passed or not cfg.route_by_outcome)
+                      and (has_demo or not cfg.sd_needs_success))
             teachers_by_segment: dict[int, list[TeacherContext]] = {}
             if use_sd:
                 errors = find_error_turns(r.trajectory, None if r.passed else r.feedback,
