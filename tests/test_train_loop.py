@@ -34,7 +34,8 @@ def _cfg(tmp_path, one_task, *extra):
         "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",
         "limits.context_budget_tokens=20000",
         "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0", "warm_start.wrong_edit=0", "warm_start.skip_read=1",
-        "rl.steps=1", "rollout.group_size=2", "rollout.tasks_per_step=1", "eval.samples_per_task=1", *extra,
+        "rl.steps=1", "rollout.group_size=2", "rollout.tasks_per_step=1", "rollout.max_extra_batches=1",
+        "eval.samples_per_task=1", *extra,
     ])
 
 
@@ -51,6 +52,8 @@ def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("loss/sft" in r for r in rows) and any("rl/reward_mean" in r for r in rows)
     assert any("eval/pass@1" in r for r in rows)
+    rl_row = next(r for r in rows if "rl/reward_mean" in r)  # an all-0 first batch is followed by one more
+    assert rl_row["rl/batches"] == 2 or 0 < rl_row["rl/reward_mean"] < 1, rl_row
     assert (run / "config.toml").exists() and list((run / "plots").glob("*.png"))
     evals = sorted(p.name for p in (run / "transcripts").glob("step*_eval_*.txt"))
     assert [n[:19] for n in evals] == ["step00000_eval_000_", "step00001_eval_000_"]  # warm start, after RL

@@ -3,6 +3,7 @@
 Plain SGD (lr 1) makes the weight change equal the (clipped) gradient, so comparing weight deltas
 compares gradients exactly."""
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +14,9 @@ from train_fakes import TOOLS, failed_rollout, solved_rollout, token_rollout
 from carl.policy.hf import load_model
 from carl.train.config import RLConfig
 from carl.train.loop import set_trainable
+from carl.tasks import TaskRecord
 from carl.train.step import build_sequences, rl_step
+from carl.train.warm_start import round_robin_by_repo
 
 GRPO_ONLY = RLConfig(sd_weight=0.0, grad_clip=1e9)
 
@@ -174,3 +177,19 @@ def test_a_segment_without_generated_tokens_is_skipped(tiny_dir):
         torch.testing.assert_close(deltas[k], without[k])
     only_empty = [token_rollout(*prompt_only, reward=1.0), token_rollout(*prompt_only, reward=0.0)]
     assert _deltas(tiny_dir, [only_empty])[0] == {"rl/num_sequences": 0.0}
+
+
+def test_expert_episodes_take_one_task_of_each_repo_in_turn():
+    tasks = [TaskRecord(instance_id=f"{repo}__{i}", repo=repo, problem_statement="")
+             for repo, n in (("a", 3), ("b", 1), ("c", 2)) for i in range(n)]
+    assert [t.instance_id for t in round_robin_by_repo(tasks)] == ["a__0", "b__0", "c__0", "a__1", "c__1", "a__2"]
+
+
+def test_a_group_has_signal_only_when_its_valid_rewards_differ():
+    from carl.train.rollout import has_signal
+
+    assert has_signal(_group([1.0, 0.0, 0.0]))
+    assert not has_signal(_group([0.0, 0.0, 0.0])) and not has_signal(_group([1.0, 1.0]))
+    masked = _group([1.0, 0.0])
+    masked[1] = dataclasses.replace(masked[1], valid=False)  # an infrastructure failure is not a 0
+    assert not has_signal(masked)

@@ -39,7 +39,7 @@ from carl.tasks import TaskRecord, load_tasks
 from carl.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
-from carl.train.rollout import collect_groups, rollout_metrics
+from carl.train.rollout import collect_groups, has_signal, rollout_metrics
 from carl.train.step import rl_step
 from carl.train.warm_start import expert_rollouts, sft_epoch
 
@@ -106,9 +106,13 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
         order = task_order(len(rl_tasks), cfg.seed)
         while state["rl_step"] < cfg.rl.steps:
-            step, t0 = state["rl_step"], time.monotonic()
-            batch = [rl_tasks[order[(state["task_pos"] + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
-            groups = collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox)
+            step, t0, pos, groups = state["rl_step"], time.monotonic(), state["task_pos"], []
+            for extra in range(cfg.rollout.max_extra_batches + 1):  # dynamic sampling: until some group has signal
+                batch = [rl_tasks[order[(pos + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
+                groups += collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox)
+                pos += cfg.rollout.tasks_per_step
+                if any(has_signal(g) for g in groups):
+                    break
             lagging = [r for g in groups for r in g if step - r.trajectory.policy_version > cfg.rollout.max_staleness]
             if lagging:  # synchronous RL (staleness 0) samples every rollout of step s with version s
                 raise RuntimeError(f"{len(lagging)} rollouts lag more than rollout.max_staleness="
@@ -118,8 +122,9 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                               valid_tools=tuple(tools), temperature=cfg.rollout.temperature,
                               compute_dtype=compute_dtype)
             policy.update_weights(model.state_dict(), version=step + 1)
-            state["rl_step"], state["task_pos"] = step + 1, state["task_pos"] + cfg.rollout.tasks_per_step
+            state["rl_step"], state["task_pos"] = step + 1, pos
             metrics.update(rollout_metrics(groups))
+            metrics["rl/batches"] = float(extra + 1)
             metrics.update({"time/rollout_s": t_rollout, "time/step_s": time.monotonic() - t0})
             log.log(step + 1, metrics)
             best = max((r for g in groups for r in g), key=lambda r: (r.valid, r.reward))

@@ -99,6 +99,12 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
     )
 
 
+def has_signal(group: list[Rollout]) -> bool:
+    """Whether the group's valid rollouts got different rewards: only then does GRPO see a
+    non-zero advantage (and a failed rollout a successful sibling to be distilled towards)."""
+    return len({r.reward for r in group if r.valid}) > 1
+
+
 def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:
     flat = [r for g in groups for r in g]
     valid = [r for r in flat if r.valid]

@@ -10,6 +10,7 @@ prompt, tools and observations the policy will see.
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -28,10 +29,22 @@ from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 def expert_rollouts(tasks: list[TaskRecord], tokenizer: Any, num_episodes: int, mistakes: ExpertMistakes,
                     limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig,
                     seed: int) -> list[Rollout]:
-    chosen = [tasks[i % len(tasks)] for i in range(num_episodes)]
+    spread = round_robin_by_repo(tasks)
+    chosen = [spread[i % len(spread)] for i in range(num_episodes)]
     groups = collect_groups(lambda i: expert_token_policy(tokenizer, chosen[i], mistakes, seed=seed * 7919 + i),
                             chosen, 1, limits, tools, sandbox)
     return [g[0] for g in groups]
+
+
+def round_robin_by_repo(tasks: list[TaskRecord]) -> list[TaskRecord]:
+    """The tasks reordered to take one task of each repo in turn (repos in first-seen order), so
+    that a few episodes already cover many repos: the agent must learn to copy names and paths
+    from the task, not a few repos' names by heart."""
+    by_repo: dict[str, list[TaskRecord]] = {}
+    for t in tasks:
+        by_repo.setdefault(t.repo, []).append(t)
+    rounds = itertools.zip_longest(*by_repo.values())
+    return [t for r in rounds for t in r if t is not None]
 
 
 def sft_loss(logprobs_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
