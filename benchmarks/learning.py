@@ -7,23 +7,27 @@ GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
 The other arms branch from that run's pinned warm-start checkpoint (step 0) and train on the
-same task files, so every arm of a seed starts from the same weights and sees the same tasks
-and the same number of rollouts; they differ only in the arm's overrides. A finished run is
+same task files, so every arm of a seed starts from the same weights, tasks and RL step budget
+(dynamic sampling may add batches of rollouts in either: the printed rollouts per arm say how
+many); they differ only in the arm's overrides. A finished run is
 reused, so an interrupted benchmark resumes.
 
 Printed: per seed and arm, warm-start and RL pass@1; per arm the mean and spread (population
 std) over seeds, the paired RL - warm-start difference, how many seeds improved, tokens per
-episode and the tool-call error rate of the RL rollouts. Results go to <out>/learning.json and
+episode and the tool-call error rate of the RL rollouts; pooled over seeds, how many held-out tasks
+RL solved more often and less often than the warm start (from the eval transcripts), with an
+exact two-sided sign test. Results go to <out>/learning.json and
 <out>/learning.png (one line per seed: warm start -> after RL).
 
-Cost: the first arm of a seed is one full run of the default (22-29 minutes measured on 2 CPU
-cores); each further arm adds its RL phase and final eval (about 14 minutes).
+Cost: the first arm of a seed is one full run of the default (about 25-30 minutes on 2 CPU
+cores); each further arm adds its RL phase and final eval (about 15 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 from pathlib import Path
@@ -59,14 +63,19 @@ def main() -> None:
 
     print(f"\nheld-out pass@1 over seeds {args.seeds} (mean ± spread = population std over seeds)")
     print(f"{'arm':<9} {'warm start':>13} {'after RL':>13} {'RL - warm':>13} {'improved':>9} "
-          f"{'tokens/ep':>10} {'tool err':>9}")
+          f"{'tokens/ep':>10} {'tool err':>9} {'batches':>8}")
     for arm, rows in results.items():
         warm, rl = [r["warm"] for r in rows], [r["rl"] for r in rows]
         diff = [b - a for a, b in zip(warm, rl)]
         print(f"{arm:<9} {_ms(warm):>13} {_ms(rl):>13} {_ms(diff):>13} "
               f"{sum(d > 0 for d in diff)}/{len(diff):<7} "
               f"{statistics.mean(r['tokens'] for r in rows):>10.0f} "
-              f"{statistics.mean(r['tool_errors'] for r in rows):>9.2f}")
+              f"{statistics.mean(r['tool_errors'] for r in rows):>9.2f} "
+              f"{statistics.mean(r['rl_batches'] for r in rows):>8.1f}")
+        if all("tasks_better" in r for r in rows):
+            better, worse = sum(r["tasks_better"] for r in rows), sum(r["tasks_worse"] for r in rows)
+            print(f"{'':<9} held-out tasks (all seeds) solved more often after RL: {better}, less often: "
+                  f"{worse}; sign test p = {sign_test(better, worse):.3g}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "learning.json").write_text(json.dumps(results, indent=2))
     plot(results, Path(args.out) / "learning.png")
@@ -95,9 +104,34 @@ def run_result(run_dir: Path, seed: int) -> dict:
         "warm": summary["warm_start"]["pass@1"],
         "rl": summary["rl"]["pass@1"],
         "rl_train_pass_rate": [r["rl/pass_rate"] for r in rl_rows],
+        "rl_batches": sum(r.get("rl/batches", 1) for r in rl_rows),
         "tokens": statistics.mean(r["rl/generated_tokens_per_episode"] for r in rl_rows),
         "tool_errors": statistics.mean(r["rl/tool_error_rate"] for r in rl_rows),
+        **task_changes(run_dir),
     }
+
+
+def task_changes(run_dir: Path) -> dict:
+    """Held-out tasks that RL solved more / less often than the warm start, from the eval transcripts
+    (`transcripts/step<N>_eval_<i>_<pass|fail|infra>_<task>.txt`, warm start = step 0, RL = last step)."""
+    passes: dict[int, dict[str, int]] = {}
+    for f in (run_dir / "transcripts").glob("step*_eval_*.txt"):
+        step, _, _, verdict, task = f.stem.split("_", 4)
+        counts = passes.setdefault(int(step[4:]), {})
+        counts[task] = counts.get(task, 0) + (verdict == "pass")
+    if len(passes) < 2:
+        return {}
+    warm, rl = passes[min(passes)], passes[max(passes)]
+    return {"tasks_better": sum(rl.get(t, 0) > n for t, n in warm.items()),
+            "tasks_worse": sum(rl.get(t, 0) < n for t, n in warm.items())}
+
+
+def sign_test(better: int, worse: int) -> float:
+    """Two-sided exact sign test: P(a split at least this uneven | RL changes no task's odds)."""
+    n, k = better + worse, min(better, worse)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
 def print_row(arm: str, r: dict) -> None:

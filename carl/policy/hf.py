@@ -62,11 +62,11 @@ class HFPolicyConfig:
     """Cached positions kept for prefix reuse across turns (`carl.policy.prefix_cache`); 0 turns
     reuse off; None (auto) = 65536 on CPU and off elsewhere. Measured with benchmarks/trainer.py
     part (c), 8 episodes x 4 turns of 128 sampled + 96 observation tokens after 1024-token
-    prompts, random SmolLM2-135M weights, bf16: on the H200 reuse made the run 2.3-2.5x *slower*
-    (two runs; decode steps took 55 ms instead of 37 ms with the same rows and cache length; cause
-    not found), while on 2 CPU cores it cut prefill from 60% of rollout time to 12% (2.3x faster
-    evaluation). Cost per position: 2 x layers x kv_heads x head_dim x dtype bytes (SmolLM2-135M
-    in bf16: 23 KB, so 65536 positions take about 1.5 GB). Off when a routing recorder is given
+    prompts, random SmolLM2-135M weights, bf16: on an H100 reuse ran at 0.98x of full prefill
+    (equal decode steps; each prefill 58 ms vs 32 ms: lookup and store cost more than recomputing
+    1-2k tokens there; an H200 measured 0.40-0.44x), while on 2 CPU cores it cut prefill from 60%
+    of rollout time to 12% (2.3x faster evaluation). Cost per position: 2 x layers x kv_heads x
+    head_dim x dtype bytes (SmolLM2-135M in bf16: 23 KB, so 65536 positions take about 1.5 GB). Off when a routing recorder is given
     (router replay needs every prompt position's routing)."""
 
     def __post_init__(self) -> None:

@@ -90,7 +90,7 @@ class RolloutConfig:
     max_extra_batches: int = 2
     """Dynamic sampling (as in DAPO): when no group of a step's batch has differing rewards (no
     GRPO advantage, no success to distill), roll out up to this many more batches of the next
-    tasks before training. Without it, 2 of 5 RL steps of the embedded default trained on all-0
+    tasks before training. Without it, 3 of 5 RL steps of the embedded default trained on all-0
     groups: a step's rollouts for no update (measured)."""
 
     def __post_init__(self) -> None:
