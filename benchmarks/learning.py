@@ -91,6 +91,9 @@ def branch_from(first: Path, run_dir: Path) -> list[str]:
         ckpts.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, ckpts / "step_000000", dirs_exist_ok=True)
         (ckpts / "latest").write_text("step_000000\n")
+        for f in (first / "transcripts").glob("step00000_eval_*.txt"):  # the warm start's eval, for task_changes
+            (run_dir / "transcripts").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, run_dir / "transcripts" / f.name)
     micro = first / "micro"
     return [f"tasks={micro / 'warm_start.jsonl'}", f"rl_tasks={micro / 'rl.jsonl'}", f"eval_tasks={micro / 'eval.jsonl'}"]
 
