@@ -15,7 +15,7 @@ reused, so an interrupted benchmark resumes.
 Printed: per seed and arm, warm-start and RL pass@1; per arm the mean and spread (population
 std) over seeds, the paired RL - warm-start difference, how many seeds improved, tokens per
 episode and the tool-call error rate of the RL rollouts; pooled over seeds, how many held-out tasks
-RL solved more often and less often than the warm start (from the eval transcripts), with an
+RL solved more often and less often than the warm start (from the per-task eval reports), with an
 exact two-sided sign test. Results go to <out>/learning.json and
 <out>/learning.png (one line per seed: warm start -> after RL).
 
@@ -91,9 +91,8 @@ def branch_from(first: Path, run_dir: Path) -> list[str]:
         ckpts.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, ckpts / "step_000000", dirs_exist_ok=True)
         (ckpts / "latest").write_text("step_000000\n")
-        for f in (first / "transcripts").glob("step00000_eval_*.txt"):  # the warm start's eval, for task_changes
-            (run_dir / "transcripts").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f, run_dir / "transcripts" / f.name)
+        (run_dir / "eval").mkdir(parents=True, exist_ok=True)  # the warm start's eval, for task_changes
+        shutil.copy2(first / "eval" / "step000000.json", run_dir / "eval" / "step000000.json")
     micro = first / "micro"
     return [f"tasks={micro / 'warm_start.jsonl'}", f"rl_tasks={micro / 'rl.jsonl'}", f"eval_tasks={micro / 'eval.jsonl'}"]
 
@@ -115,18 +114,18 @@ def run_result(run_dir: Path, seed: int) -> dict:
 
 
 def task_changes(run_dir: Path) -> dict:
-    """Held-out tasks that RL solved more / less often than the warm start, from the eval transcripts
-    (`transcripts/step<N>_eval_<i>_<pass|fail|infra>_<task>.txt`, warm start = step 0, RL = last step)."""
-    passes: dict[int, dict[str, int]] = {}
-    for f in (run_dir / "transcripts").glob("step*_eval_*.txt"):
-        step, _, _, verdict, task = f.stem.split("_", 4)
-        counts = passes.setdefault(int(step[4:]), {})
-        counts[task] = counts.get(task, 0) + (verdict == "pass")
-    if len(passes) < 2:
+    """Held-out tasks that RL solved more / less often than the warm start, from the run's per-task
+    eval reports (`eval/stepNNNNNN.json`: warm start = step 0, RL = the last step)."""
+    reports = sorted((run_dir / "eval").glob("step*.json"))
+    if len(reports) < 2:
         return {}
-    warm, rl = passes[min(passes)], passes[max(passes)]
+    warm, rl = (_passes(json.loads(p.read_text())) for p in (reports[0], reports[-1]))
     return {"tasks_better": sum(rl.get(t, 0) > n for t, n in warm.items()),
             "tasks_worse": sum(rl.get(t, 0) < n for t, n in warm.items())}
+
+
+def _passes(report: dict) -> dict[str, int]:
+    return {t["task_id"]: t["passed"] for t in report["tasks"]}
 
 
 def sign_test(better: int, worse: int) -> float:

@@ -58,6 +58,11 @@ def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path
     evals = sorted(p.name for p in (run / "transcripts").glob("step*_eval_*.txt"))
     assert [n[:19] for n in evals] == ["step00000_eval_000_", "step00001_eval_000_"]  # warm start, after RL
     assert "Stubbed:" in (run / "transcripts" / evals[0]).read_text()
+    reports = sorted(p.name for p in (run / "eval").glob("step*.json"))  # per-task results of each eval
+    assert reports == ["step000000.json", "step000001.json"]
+    rl_report = json.loads((run / "eval" / reports[1]).read_text())
+    assert rl_report["summary"] == json.loads(json.dumps(summary["rl"]))
+    assert [t["n"] for t in rl_report["tasks"]] == [1] and rl_report["tasks"][0]["passed"] in (0, 1)
     # a finished run resumes at phase "done": same report, no new RL step
     again = train(cfg, Console(quiet=True))
     assert again == summary

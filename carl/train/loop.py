@@ -203,6 +203,7 @@ def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools
         log.transcript(step, f"eval_{i:03d}_{verdict}_{r.task.instance_id}",
                        r.task.problem_statement + "\n" + transcript_text(r.trajectory))
     console.print(render_table(report))
+    log.eval_report(step, report.to_dict())
     s = report.summary()
     log.log(step, {"eval/pass@1": s["pass@1"], "eval/pass@k": s[f"pass@{report.k}"],
                    "eval/tokens_per_task": s["tokens_per_task"]})

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from carl.io import append_jsonl, atomic_write_text, read_jsonl
+from carl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
 
 # plot file -> metric keys drawn in it (keys missing from the log are skipped)
 PLOTS = {
@@ -65,6 +65,12 @@ class MetricsLog:
 
     def transcript(self, step: int, name: str, text: str) -> None:
         atomic_write_text(self.run_dir / "transcripts" / f"step{step:05d}_{name}.txt", text)
+
+    def eval_report(self, step: int, report: dict[str, Any]) -> Path:
+        """A held-out evaluation's full report (summary and per-task results) as eval/stepNNNNNN.json."""
+        path = self.run_dir / "eval" / f"step{step:06d}.json"
+        atomic_write_json(path, report)
+        return path
 
     def plot(self) -> list[Path]:
         return write_plots(self.rows(), self.run_dir / "plots")
