@@ -1,8 +1,9 @@
 """Does RL learn? Held-out pass@1 of the warm start vs after RL, over seeds, and GRPO alone vs
 GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
 
-    .venv/bin/python benchmarks/learning.py                       # 3 seeds x {grpo+sd, grpo}
-    .venv/bin/python benchmarks/learning.py --seeds 0 --arms grpo+sd rl.steps=2   # a quick look
+    .venv/bin/python benchmarks/learning.py                       # 3 seeds x {grpo, grpo+sd}
+    .venv/bin/python benchmarks/learning.py --seeds 3 4 --arms grpo   # more seeds of the default
+    .venv/bin/python benchmarks/learning.py --seeds 0 --arms grpo rl.steps=2   # a quick look
 
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
@@ -32,7 +33,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-ARMS = {"grpo+sd": [], "grpo": ["rl.sd_weight=0.0"]}  # grpo+sd keeps the default sd_weight
+ARMS = {"grpo": [], "grpo+sd": ["rl.sd_weight=0.5"]}  # grpo keeps the default (sd_weight 0)
 
 
 def main() -> None:

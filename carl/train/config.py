@@ -132,8 +132,12 @@ class RLConfig:
     is_ratio_cap: float = 2.0
     """Truncated importance sampling cap for rollouts from an older or numerically different policy."""
     grpo_weight: float = 1.0
-    sd_weight: float = 0.5
-    """Weight of the self-distillation loss (0 turns it off)."""
+    sd_weight: float = 0.0
+    """Weight of the self-distillation loss (0 turns it off; the GPU configs use 0.5). Off by
+    default: on the embedded default, GRPO + self-distillation at 0.5 scored below GRPO alone on
+    held-out tasks on each of 3 seeds (benchmarks/learning.py; docs/training.md), raised the
+    tool-call error rate, and its gradient was ~4x GRPO's (grad norm 0.15-0.44 vs 0.04-0.09), so
+    after Adam's normalization the update was mostly self-distillation."""
     sd_loss: str = "topk"
     """"topk": KL(student||teacher) over the student's top-k tokens + a tail bucket;
     "sampled": the sampled-token estimator (cheaper)."""
