@@ -135,8 +135,8 @@ class RLConfig:
     sd_weight: float = 0.0
     """Weight of the self-distillation loss (0 turns it off; the GPU configs use 0.5). Off by
     default: on the embedded default, GRPO + self-distillation at 0.5 scored below GRPO alone on
-    held-out tasks on each of 3 seeds (benchmarks/learning.py; docs/training.md), and its
-    gradient was ~4x GRPO's (median grad norm 0.30 vs 0.075), so after Adam's normalization the
+    held-out tasks on each of 4 seeds (benchmarks/learning.py; docs/training.md), and its
+    gradient was ~4x GRPO's (median grad norm 0.31 vs 0.075), so after Adam's normalization the
     update was mostly self-distillation."""
     sd_loss: str = "topk"
     """"topk": KL(student||teacher) over the student's top-k tokens + a tail bucket;
