@@ -66,8 +66,8 @@ class HFPolicyConfig:
     (equal decode steps; each prefill 58 ms vs 32 ms: lookup and store cost more than recomputing
     1-2k tokens there; an H200 measured 0.40-0.44x), while on 2 CPU cores it cut prefill from 60%
     of rollout time to 12% (2.3x faster evaluation). Cost per position: 2 x layers x kv_heads x
-    head_dim x dtype bytes (SmolLM2-135M in bf16: 23 KB, so 65536 positions take about 1.5 GB). Off when a routing recorder is given
-    (router replay needs every prompt position's routing)."""
+    head_dim x dtype bytes (SmolLM2-135M in bf16: 23 KB, so 65536 positions take about 1.5 GB).
+    Off when a routing recorder is given (router replay needs every prompt position's routing)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
