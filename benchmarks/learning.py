@@ -31,9 +31,15 @@ import json
 import math
 import shutil
 import statistics
+import tomllib
 from pathlib import Path
 
-ARMS = {"grpo": [], "grpo+sd": ["rl.sd_weight=0.5"]}  # grpo keeps the default (sd_weight 0)
+ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
+    "grpo": ["rl.sd_weight=0", "rl.tool_error_cost=0"],
+    "grpo+errcost": ["rl.sd_weight=0", "rl.tool_error_cost=0.1"],
+    "grpo+kl": ["rl.sd_weight=0", "rl.tool_error_cost=0", "rl.kl_coef=0.1"],
+    "grpo+sd": ["rl.sd_weight=0.5", "rl.tool_error_cost=0"],
+}
 
 
 def main() -> None:
@@ -92,10 +98,23 @@ def branch_from(first: Path, run_dir: Path) -> list[str]:
         ckpts.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, ckpts / "step_000000", dirs_exist_ok=True)
         (ckpts / "latest").write_text("step_000000\n")
-        (run_dir / "eval").mkdir(parents=True, exist_ok=True)  # the warm start's eval, for task_changes
-        shutil.copy2(first / "eval" / "step000000.json", run_dir / "eval" / "step000000.json")
-    micro = first / "micro"
-    return [f"tasks={micro / 'warm_start.jsonl'}", f"rl_tasks={micro / 'rl.jsonl'}", f"eval_tasks={micro / 'eval.jsonl'}"]
+        warm_eval = first / "eval" / "step000000.json"  # the warm start's eval, for task_changes
+        if warm_eval.exists():  # runs made before per-task eval reports have none: no task counts then
+            (run_dir / "eval").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(warm_eval, run_dir / "eval" / "step000000.json")
+    return [f"{key}={path}" for key, path in task_files(first).items()]
+
+
+def task_files(run_dir: Path) -> dict[str, str]:
+    """The task files a finished run trained and evaluated on: its own micro world, or, for a run
+    that was itself branched, the files its resolved config names."""
+    micro = run_dir / "micro"
+    if not micro.exists() and (run_dir / "config.toml").exists():
+        config = tomllib.loads((run_dir / "config.toml").read_text())
+        if config.get("tasks"):
+            return {key: config[key] for key in ("tasks", "rl_tasks", "eval_tasks")}
+    return {"tasks": str(micro / "warm_start.jsonl"), "rl_tasks": str(micro / "rl.jsonl"),
+            "eval_tasks": str(micro / "eval.jsonl")}
 
 
 def run_result(run_dir: Path, seed: int) -> dict:

@@ -33,3 +33,37 @@ def test_task_changes_needs_two_evals(tmp_path):
                                             (10, 0, 2 / 1024)])
 def test_sign_test_matches_the_binomial_tail(better, worse, p):
     assert learning.sign_test(better, worse) == pytest.approx(p)
+
+
+def _finished_run(run_dir: Path, with_eval: bool) -> None:
+    (run_dir / "checkpoints" / "step_000000" / "model").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000000" / "model" / "weights").write_text("w0")
+    (run_dir / "report.json").write_text("{}")
+    if with_eval:
+        _report(run_dir / "eval" / "step000000.json", {"a": 1})
+
+
+@pytest.mark.parametrize("with_eval", [True, False])
+def test_an_arm_branches_from_the_first_arms_warm_start(tmp_path, with_eval):
+    first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_grpo+errcost"
+    _finished_run(first, with_eval)
+    overrides = learning.branch_from(first, arm)
+    assert overrides == [f"tasks={first / 'micro' / 'warm_start.jsonl'}", f"rl_tasks={first / 'micro' / 'rl.jsonl'}",
+                         f"eval_tasks={first / 'micro' / 'eval.jsonl'}"]
+    assert (arm / "checkpoints" / "latest").read_text().strip() == "step_000000"
+    assert (arm / "checkpoints" / "step_000000" / "model" / "weights").read_text() == "w0"
+    assert (arm / "eval" / "step000000.json").exists() == with_eval  # older runs have no eval report
+
+
+def test_branching_needs_a_finished_first_arm(tmp_path):
+    with pytest.raises(SystemExit, match="no finished run"):
+        learning.branch_from(tmp_path / "missing", tmp_path / "arm")
+
+
+def test_a_branched_run_passes_on_the_task_files_its_config_names(tmp_path):
+    first = tmp_path / "seed0_grpo"  # itself branched from another arm: no micro/ of its own
+    _finished_run(first, with_eval=True)
+    (first / "config.toml").write_text('tasks = "/w/micro/warm_start.jsonl"\nrl_tasks = "/w/micro/rl.jsonl"\n'
+                                       'eval_tasks = "/w/micro/eval.jsonl"\n')
+    assert learning.branch_from(first, tmp_path / "arm") == [
+        "tasks=/w/micro/warm_start.jsonl", "rl_tasks=/w/micro/rl.jsonl", "eval_tasks=/w/micro/eval.jsonl"]

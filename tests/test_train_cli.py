@@ -11,6 +11,8 @@ from carl.cli import main
         ("rl.lr=abc", "rl.lr"),
         ("rl.lr=-1", "rl.lr"),
         ("rl.sd_loss=foo", "rl.sd_loss"),
+        ("rl.tool_error_cost=-0.1", "rl.tool_error_cost"),
+        ("rl.kl_coef=-1", "rl.kl_coef"),
         ("rl.no_such_knob=1", "no_such_knob"),
         ("rollout.group_size=1", "rollout.group_size"),
         ("model.dtype=fp8", "model.dtype"),

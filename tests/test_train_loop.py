@@ -41,7 +41,7 @@ def _cfg(tmp_path, one_task, *extra):
 
 def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path, one_task):
     torch.set_num_threads(1)
-    cfg = _cfg(tmp_path, one_task)
+    cfg = _cfg(tmp_path, one_task, "rl.kl_coef=0.1", "rl.tool_error_cost=0.1")  # the reference loads from step 0
     summary = train(cfg, Console(quiet=True))
     assert set(summary) == {"warm_start", "rl"}
     assert summary["rl"]["num_tasks"] == 1 and summary["rl"]["k"] == 1
@@ -54,6 +54,7 @@ def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path
     assert any("eval/pass@1" in r for r in rows)
     rl_row = next(r for r in rows if "rl/reward_mean" in r)  # an all-0 first batch is followed by one more
     assert rl_row["rl/batches"] == 2 or 0 < rl_row["rl/reward_mean"] < 1, rl_row
+    assert rl_row["loss/kl"] == 0.0 and abs(rl_row["kl/kl"]) < 1e-4  # one step: the policy is still the reference
     assert (run / "config.toml").exists() and list((run / "plots").glob("*.png"))
     evals = sorted(p.name for p in (run / "transcripts").glob("step*_eval_*.txt"))
     assert [n[:19] for n in evals] == ["step00000_eval_000_", "step00001_eval_000_"]  # warm start, after RL

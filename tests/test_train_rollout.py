@@ -1,4 +1,9 @@
-"""A crashed episode becomes a masked error record that keeps its policy version."""
+"""Rollouts: a crashed episode becomes a masked error record that keeps its policy version; the
+optional tool-error penalty; which groups carry a signal."""
+
+import dataclasses
+
+import pytest
 
 from carl.harness.agent import EpisodeLimits
 from carl.sandbox.base import SandboxConfig
@@ -26,3 +31,51 @@ def test_crashed_episode_is_invalid_not_zero(tmp_path):
         assert "Traceback" in r.feedback
     m = rollout_metrics(groups)
     assert m["rl/infra_failures"] == 2.0 and m["rl/reward_mean"] == 0.0
+
+
+def test_tool_error_penalty_is_per_failed_call_and_capped_below_a_pass():
+    from carl.rewards import tool_error_penalty
+
+    assert tool_error_penalty(0, 0.1) == 0.0 and tool_error_penalty(5, 0.0) == 0.0
+    assert tool_error_penalty(3, 0.1) == pytest.approx(0.3)
+    assert tool_error_penalty(40, 0.1) == 0.5  # capped: a pass (1 - 0.5) still outranks a fail (0)
+    with pytest.raises(ValueError, match="cost_per_error"):
+        tool_error_penalty(1, -0.1)
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
+    """A real micro task, solved by the scripted expert with and without a call to a missing tool."""
+    from carl.harness.tools import default_tools
+    from carl.micro.expert import ExpertMistakes, ExpertPolicy
+    from carl.micro.world import build_micro_tasks
+
+    world = build_micro_tasks(tmp_path, seed=0, difficulty=1, repos={"eval": 1}, max_tasks_per_repo=1, backend="local")
+    (task,) = world["eval"]
+    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
+    limits = EpisodeLimits(max_turns=8)
+    sandbox = SandboxConfig(backend="local")
+
+    def rewards(mistakes, cost):
+        (group,) = collect_groups(lambda i: ExpertPolicy(task, mistakes), [task], 1, limits, tools, sandbox,
+                                  tool_error_cost=cost)
+        (r,) = group
+        assert r.valid and r.passed, r.feedback
+        return r.reward, r.trajectory.num_tool_errors
+
+    assert rewards(ExpertMistakes(), 0.1) == (1.0, 0)
+    reward, errors = rewards(ExpertMistakes(bad_call=1.0), 0.1)
+    assert errors == 1 and reward == pytest.approx(0.9)
+    assert rewards(ExpertMistakes(bad_call=1.0), 0.0) == (1.0, 1)  # the default charges nothing
+
+
+def test_has_signal_needs_a_pass_and_a_fail_not_just_a_penalty():
+    from train_fakes import token_rollout
+
+    from carl.train.rollout import has_signal
+
+    seq = ([1, 2, 3], [False, True, True])
+    penalized = [token_rollout(*seq, reward=0.0), token_rollout(*seq, reward=-0.2)]  # both failed
+    assert not has_signal(penalized)
+    passed_with_an_error = dataclasses.replace(token_rollout(*seq, reward=0.9), passed=True)
+    assert has_signal([passed_with_an_error, token_rollout(*seq, reward=-0.2)])

@@ -4,13 +4,14 @@
     compute_reward(task, agent_sandbox, config) -> RewardResult     tests in a clean sandbox
     monitor(trajectory, task, changes)          -> MonitorReport    flags known reward hacks
     reward_from_trajectory(...)                 -> EpisodeReward    all three, for rollout workers
+    tool_error_penalty(num_errors, cost)        -> float            optional shaping: cost per failed call
     judge_diff(diff, statement, chat, config)   -> JudgeResult      optional LLM style score (shaping)
 
 This package never imports torch.
 """
 
 from carl.rewards.diff import FileChange, WorkspaceDiff, is_test_path, workspace_changes
-from carl.rewards.episode import EpisodeReward, reward_from_trajectory
+from carl.rewards.episode import EpisodeReward, reward_from_trajectory, tool_error_penalty
 from carl.rewards.judge import JudgeConfig, JudgeResult, judge_diff, shaped_reward
 from carl.rewards.monitor import FLAG_KINDS, Flag, MonitorConfig, MonitorReport, apply_action, monitor
 from carl.rewards.reward import RewardConfig, RewardResult, compute_reward, junit_key, parse_junit
@@ -36,5 +37,6 @@ __all__ = [
     "parse_junit",
     "reward_from_trajectory",
     "shaped_reward",
+    "tool_error_penalty",
     "workspace_changes",
 ]

@@ -3,6 +3,8 @@
 trajectory.stop_reason is POLICY_ERROR / SANDBOX_ERROR --> infra failure (masked), no tests run
 else: workspace_changes(agent sandbox) --> compute_reward (clean sandbox) + monitor
       --> reward after the monitor's action
+
+`tool_error_penalty` is the optional shaping term the trainer subtracts per failed tool call.
 """
 
 from __future__ import annotations
@@ -16,6 +18,17 @@ from carl.rewards.monitor import MonitorConfig, MonitorReport, apply_action, mon
 from carl.rewards.reward import OpenSandbox, RewardConfig, RewardResult, compute_reward, infra_failure
 from carl.sandbox.base import Sandbox, SandboxError
 from carl.types import Trajectory
+
+MAX_TOOL_ERROR_PENALTY = 0.5
+"""Cap on the total tool-error penalty of one episode: a pass then scores at least 0.5 and a fail
+at most 0.0, so a passing episode always outranks a failing one, however many calls failed."""
+
+
+def tool_error_penalty(num_tool_errors: int, cost_per_error: float) -> float:
+    """cost_per_error * failed calls, capped at MAX_TOOL_ERROR_PENALTY (0 when cost is 0)."""
+    if cost_per_error < 0:
+        raise ValueError(f"cost_per_error: got {cost_per_error}, expected >= 0")
+    return min(cost_per_error * num_tool_errors, MAX_TOOL_ERROR_PENALTY)
 
 
 @dataclass(frozen=True)

@@ -104,12 +104,17 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         if state["rl_step"] == 0:  # RL starts from fresh Adam moments: the warm start's large second
             optimizer.state.clear()  # moments made RL steps ~0.2 x lr (measured); deterministic on resume
         token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
+        reference = None  # the KL anchor: the weights RL started from, the same on resume
+        if cfg.rl.kl_coef > 0:
+            start = run_dir / "checkpoints" / "step_000000" / "model"
+            reference = load_model(start, torch.float32, cfg.model.device)[1]
         order = task_order(len(rl_tasks), cfg.seed)
         while state["rl_step"] < cfg.rl.steps:
             step, t0, pos, groups = state["rl_step"], time.monotonic(), state["task_pos"], []
             for extra in range(cfg.rollout.max_extra_batches + 1):  # dynamic sampling: until some group has signal
                 batch = [rl_tasks[order[(pos + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
-                groups += collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox)
+                groups += collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox,
+                                         tool_error_cost=cfg.rl.tool_error_cost)
                 pos += cfg.rollout.tasks_per_step
                 if any(has_signal(g) for g in groups):
                     break
@@ -120,7 +125,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             t_rollout = time.monotonic() - t0
             metrics = rl_step(model, optimizer, scheduler, groups, cfg.rl, tokenizer, pad_id, token_normalizer,
                               valid_tools=tuple(tools), temperature=cfg.rollout.temperature,
-                              compute_dtype=compute_dtype)
+                              compute_dtype=compute_dtype, reference=reference)
             policy.update_weights(model.state_dict(), version=step + 1)
             state["rl_step"], state["task_pos"] = step + 1, pos
             metrics.update(rollout_metrics(groups))
@@ -203,11 +208,12 @@ def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools
         log.transcript(step, f"eval_{i:03d}_{verdict}_{r.task.instance_id}",
                        r.task.problem_statement + "\n" + transcript_text(r.trajectory))
     console.print(render_table(report))
-    log.eval_report(step, report.to_dict())
+    result = report.to_dict()
+    log.eval_report(step, result)
     s = report.summary()
     log.log(step, {"eval/pass@1": s["pass@1"], "eval/pass@k": s[f"pass@{report.k}"],
                    "eval/tokens_per_task": s["tokens_per_task"]})
-    return report.to_dict()
+    return result
 
 
 def print_final_report(console: Console, summary: dict[str, dict], run_dir: Path) -> None:

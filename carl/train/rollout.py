@@ -22,7 +22,7 @@ from typing import Any
 
 from carl.harness.agent import EpisodeLimits, run_episode
 from carl.harness.tools.base import Tool
-from carl.rewards.episode import reward_from_trajectory
+from carl.rewards.episode import reward_from_trajectory, tool_error_penalty
 from carl.rewards.monitor import MonitorConfig
 from carl.rewards.reward import RewardConfig
 from carl.sandbox import open_sandbox
@@ -36,6 +36,8 @@ class Rollout:
     task: TaskRecord
     trajectory: Trajectory
     reward: float = 0.0
+    """The training reward: the test reward after the monitor's action, minus the tool-error
+    penalty when a cost is set (`passed` is the outcome)."""
     valid: bool = True
     """False for infrastructure failures: masked out of advantages and losses."""
     passed: bool = False
@@ -55,23 +57,27 @@ def collect_groups(
     reward: RewardConfig = RewardConfig(),
     monitor: MonitorConfig = MonitorConfig(),
     max_workers: int = 16,
+    tool_error_cost: float = 0.0,
 ) -> list[list[Rollout]]:
     """Run `group_size` episodes of every task concurrently; returns one group per task.
 
     `policy_factory(i)` gives the policy of episode i: the shared batched token policy for RL,
-    or a fresh scripted expert per episode for warm-start data.
+    or a fresh scripted expert per episode for warm-start data. `tool_error_cost` is subtracted
+    from a rollout's reward per failed tool call (see `tool_error_penalty`).
     """
     jobs = [(t, g) for t in tasks for g in range(group_size)]
     with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs))) as pool:
         results = list(pool.map(
-            lambda ij: run_rollout(policy_factory(ij[0]), ij[1][0], limits, tools, sandbox, reward, monitor),
+            lambda ij: run_rollout(policy_factory(ij[0]), ij[1][0], limits, tools, sandbox, reward, monitor,
+                                   tool_error_cost),
             enumerate(jobs),
         ))
     return [results[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
 
 
 def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dict[str, Tool],
-                base: SandboxConfig, reward: RewardConfig, monitor: MonitorConfig) -> Rollout:
+                base: SandboxConfig, reward: RewardConfig, monitor: MonitorConfig,
+                tool_error_cost: float = 0.0) -> Rollout:
     version = getattr(policy, "policy_version", 0)  # the weights this episode starts with
     try:
         config = sandbox_config_for(task, base)
@@ -86,11 +92,12 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         traj = Trajectory(task_id=task.instance_id, stop_reason=StopReason.SANDBOX_ERROR,
                           error=traceback.format_exc(), policy_version=version)
         return Rollout(task, traj, valid=False, feedback=traj.error)
-    traj.metadata["reward"] = r.reward
+    shaped = 0.0 if r.infra_failure else r.reward - tool_error_penalty(traj.num_tool_errors, tool_error_cost)
+    traj.metadata["reward"] = shaped
     return Rollout(
         task=task,
         trajectory=traj,
-        reward=r.reward,
+        reward=shaped,
         valid=not r.infra_failure,
         passed=not r.infra_failure and r.result.reward >= 1.0 and not r.monitor.suspicious,
         feedback=r.result.feedback,
@@ -100,9 +107,11 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
 
 
 def has_signal(group: list[Rollout]) -> bool:
-    """Whether the group's valid rollouts got different rewards: only then does GRPO see a
-    non-zero advantage (and a failed rollout a successful sibling to be distilled towards)."""
-    return len({r.reward for r in group if r.valid}) > 1
+    """Whether the group's valid rollouts differ in outcome (some passed, some failed): only then
+    does GRPO see an advantage from the task itself (and a failed rollout a successful sibling to
+    be distilled towards). Rewards that differ only by the tool-error penalty do not count, so
+    dynamic sampling keeps looking for task signal."""
+    return len({r.passed for r in group if r.valid}) > 1
 
 
 def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:

@@ -7,6 +7,7 @@ Legend: B = sequences in a micro-batch, T = tokens, N = scored tokens (flattened
       -> one training sequence per token segment (ids, generated mask, rollout log-probs, advantage)
       -> teacher contexts for the error turns of each segment (hint inserted before the turn)
       -> per micro-batch: student forward (grad) -> GRPO loss on sampled tokens
+                          reference forward (no grad; rl.kl_coef > 0) -> KL penalty on sampled tokens
                           teacher forward (no grad) -> top-k KL at the error turns' tokens
       -> clip grad norm, optimizer step, scheduler step
 
@@ -25,6 +26,7 @@ import torch
 
 from carl.rl.advantages import group_advantages
 from carl.rl.grpo import grpo_loss
+from carl.rl.kl import kl_to_reference_loss
 from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.rl.self_distill import (
     TeacherContext,
@@ -51,10 +53,13 @@ class TrainSequence:
 def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollout]], cfg: RLConfig,
             tokenizer: Any, pad_id: int, token_normalizer: float, teacher: Any = None,
             valid_tools: tuple[str, ...] = (), temperature: float = 1.0,
-            compute_dtype: torch.dtype | None = None) -> dict[str, float]:
+            compute_dtype: torch.dtype | None = None, reference: Any = None) -> dict[str, float]:
     """One optimizer step on `groups`; `temperature` must be the one the rollouts sampled at, so that
     the trainer's log-probs and the sampler's describe the same distribution. `compute_dtype`
-    (e.g. bf16) autocasts the forward passes while the weights and optimizer stay in fp32."""
+    (e.g. bf16) autocasts the forward passes while the weights and optimizer stay in fp32.
+    `reference` (a frozen model; needed when cfg.kl_coef > 0) anchors the KL penalty."""
+    if cfg.kl_coef > 0 and reference is None:
+        raise ValueError(f"rl.kl_coef={cfg.kl_coef} needs a reference model (the weights RL started from)")
     seqs = build_sequences(groups, cfg, tokenizer, valid_tools)
     metrics: dict[str, float] = {"rl/num_sequences": float(len(seqs))}
     if not seqs:
@@ -64,7 +69,7 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     optimizer.zero_grad(set_to_none=True)
     num_sd_tokens = sum(len(t.teacher_positions) for s in seqs for t in s.teachers)
     device = next(model.parameters()).device  # batches are built on the CPU, then moved
-    totals = {"loss/grpo": 0.0, "loss/self_distill": 0.0}
+    totals = {"loss/grpo": 0.0, "loss/kl": 0.0, "loss/self_distill": 0.0}
     for micro in micro_batches(seqs, cfg.micro_batch_tokens):
         ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
         mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
@@ -83,6 +88,16 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         loss = cfg.grpo_weight * loss
         totals["loss/grpo"] += float(loss.detach())
         _accumulate(metrics, {f"grpo/{k}": v for k, v in m.items()}, weight=m["num_tokens"])
+
+        if cfg.kl_coef > 0:
+            with torch.no_grad(), autocast(reference, compute_dtype):
+                ref_B_T = sequence_logprobs(reference, ids_B_T, attn_B_T, temperature=temperature,
+                                            score_mask_B_T=mask_B_T)
+            kl, km = kl_to_reference_loss(logprobs_B_T, ref_B_T, mask_B_T, token_normalizer)
+            kl = cfg.kl_coef * kl
+            totals["loss/kl"] += float(kl.detach())
+            _accumulate(metrics, {"kl/kl": km["kl"]}, weight=km["num_tokens"])
+            loss = loss + kl
 
         if need_logits:
             contexts = [t for s in micro for t in s.teachers]
@@ -112,7 +127,7 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     metrics.update(totals)
-    metrics["loss/total"] = totals["loss/grpo"] + totals["loss/self_distill"]
+    metrics["loss/total"] = sum(totals.values())
     metrics["rl/grad_norm"] = float(grad_norm)
     metrics["sd/num_turns"] = float(sum(len(s.teachers) for s in seqs))
     return _finish(metrics)
