@@ -23,8 +23,9 @@ PLOTS = {
     "reward.png": ["rl/reward_mean", "eval/pass@1"],
     "pass_rate.png": ["rl/pass_rate", "eval/pass@1", "eval/pass@k"],
     "tokens.png": ["rl/tokens_per_episode", "rl/generated_tokens_per_episode"],
-    "loss.png": ["loss/total", "loss/grpo", "loss/self_distill", "loss/sft"],
+    "loss.png": ["loss/total", "loss/grpo", "loss/kl", "loss/self_distill", "loss/sft"],
     "tool_errors.png": ["rl/tool_error_rate"],
+    "kl.png": ["kl/kl"],  # KL(policy || RL start) per sampled token, when rl.kl_coef > 0
 }
 
 
