@@ -4,6 +4,7 @@ GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
     .venv/bin/python benchmarks/learning.py                       # 3 seeds x {grpo, grpo+sd}
     .venv/bin/python benchmarks/learning.py --seeds 3 4 --arms grpo   # more seeds of the default
     .venv/bin/python benchmarks/learning.py --seeds 0 --arms grpo rl.steps=2   # a quick look
+    .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 --report-only     # summarize, train nothing
 
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
@@ -48,6 +49,8 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--config", default=None, help="a TOML config (default: the embedded default)")
     parser.add_argument("--out", default="runs/learning")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: summarize the finished runs under --out, skip the others")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = parser.parse_args()
 
@@ -60,28 +63,35 @@ def main() -> None:
         first = Path(args.out) / f"seed{seed}_{args.arms[0]}"
         for arm in args.arms:
             run_dir = Path(args.out) / f"seed{seed}_{arm}"
+            finished = (run_dir / "report.json").exists()
+            if args.report_only and not finished:
+                print(f"seed {seed} {arm}: no finished run in {run_dir}, skipped")
+                continue
             overrides = [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}", *ARMS[arm], *args.overrides]
-            if run_dir != first:
+            if run_dir != first and not finished:
                 overrides += branch_from(first, run_dir)
-            if not (run_dir / "report.json").exists():
+            if not finished:
                 train(load_config(TrainConfig, args.config, overrides))
             results[arm].append(run_result(run_dir, seed))
             print_row(arm, results[arm][-1])
 
+    results = {arm: rows for arm, rows in results.items() if rows}
+    if not results:
+        raise SystemExit(f"no finished runs under {args.out}")
     print(f"\nheld-out pass@1 over seeds {args.seeds} (mean ± spread = population std over seeds)")
-    print(f"{'arm':<9} {'warm start':>13} {'after RL':>13} {'RL - warm':>13} {'improved':>9} "
+    print(f"{'arm':<13} {'seeds':>6} {'warm start':>13} {'after RL':>13} {'RL - warm':>13} {'improved':>9} "
           f"{'tokens/ep':>10} {'tool err':>9} {'batches':>8}")
     for arm, rows in results.items():
         warm, rl = [r["warm"] for r in rows], [r["rl"] for r in rows]
         diff = [b - a for a, b in zip(warm, rl)]
-        print(f"{arm:<9} {_ms(warm):>13} {_ms(rl):>13} {_ms(diff):>13} "
+        print(f"{arm:<13} {','.join(str(r['seed']) for r in rows):>6} {_ms(warm):>13} {_ms(rl):>13} {_ms(diff):>13} "
               f"{sum(d > 0 for d in diff)}/{len(diff):<7} "
               f"{statistics.mean(r['tokens'] for r in rows):>10.0f} "
               f"{statistics.mean(r['tool_errors'] for r in rows):>9.2f} "
               f"{statistics.mean(r['rl_batches'] for r in rows):>8.1f}")
         if all("tasks_better" in r for r in rows):
             better, worse = sum(r["tasks_better"] for r in rows), sum(r["tasks_worse"] for r in rows)
-            print(f"{'':<9} held-out tasks (all seeds) solved more often after RL: {better}, less often: "
+            print(f"{'':<13} held-out tasks (all seeds) solved more often after RL: {better}, less often: "
                   f"{worse}; sign test p = {sign_test(better, worse):.3g}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "learning.json").write_text(json.dumps(results, indent=2))
@@ -168,15 +178,24 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    seeds = sorted({r["seed"] for rows in results.values() for r in rows})
+    width = 0.8 / max(len(results), 1)
     for i, (arm, rows) in enumerate(results.items()):
         for r in rows:
             ax.plot([0, 1], [r["warm"], r["rl"]], marker="o", color=f"C{i}", alpha=0.8,
                     label=arm if r is rows[0] else None)
+        xs = [seeds.index(r["seed"]) + (i - (len(results) - 1) / 2) * width for r in rows]
+        bx.bar(xs, [r["rl"] - r["warm"] for r in rows], width, color=f"C{i}", label=arm)
     ax.set_xticks([0, 1], ["warm start", "after RL"])
     ax.set_ylabel("held-out pass@1")
     ax.set_title("one line per seed")
     ax.legend()
+    bx.axhline(0, color="black", linewidth=0.8)
+    bx.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
+    bx.set_ylabel("after RL - warm start")
+    bx.set_title("arms of a seed start from the same warm start")
+    bx.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
