@@ -39,6 +39,8 @@ def _finished_run(run_dir: Path, with_eval: bool) -> None:
     (run_dir / "checkpoints" / "step_000000" / "model").mkdir(parents=True)
     (run_dir / "checkpoints" / "step_000000" / "model" / "weights").write_text("w0")
     (run_dir / "report.json").write_text("{}")
+    rows = [{"step": -1, "loss/sft": 1.0}, {"step": 0, "eval/pass@1": 0.25}, {"step": 1, "rl/reward_mean": 0.5}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "rl/rew')
     if with_eval:
         _report(run_dir / "eval" / "step000000.json", {"a": 1})
 
@@ -53,6 +55,8 @@ def test_an_arm_branches_from_the_first_arms_warm_start(tmp_path, with_eval):
     assert (arm / "checkpoints" / "latest").read_text().strip() == "step_000000"
     assert (arm / "checkpoints" / "step_000000" / "model" / "weights").read_text() == "w0"
     assert (arm / "eval" / "step000000.json").exists() == with_eval  # older runs have no eval report
+    steps = [json.loads(line)["step"] for line in (arm / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [-1, 0]  # the warm start's rows (which step 0's checkpoint counts), not the RL ones
 
 
 def test_branching_needs_a_finished_first_arm(tmp_path):

@@ -32,3 +32,16 @@ def test_metrics_jsonl_transcripts_and_png_plots(tmp_path):
 
 def test_git_revision_outside_a_checkout(tmp_path):
     assert git_revision(tmp_path).startswith("unknown")
+
+
+def test_rewind_keeps_the_rows_a_checkpoint_had_seen_and_drops_a_torn_line(tmp_path):
+    log = MetricsLog(tmp_path, tensorboard=False)
+    assert log.rewind(0) == 0 and not log.path.exists()  # a fresh run: nothing to rewind
+    for step in (0, 1, 2):
+        log.log(step, {"rl/reward_mean": 0.1 * step})
+    with open(log.path, "a") as f:
+        f.write('{"step": 3, "rl/rew')  # a crash mid-write
+    assert log.rewind(2) == 1  # the checkpoint had seen steps 0 and 1; step 2 runs again
+    log.log(2, {"rl/reward_mean": 0.5})
+    assert [(r["step"], r["rl/reward_mean"]) for r in log.rows()] == [(0, 0.0), (1, 0.1), (2, 0.5)]
+    assert log.rewind(3) == 0 and len(log.path.read_text().splitlines()) == 3

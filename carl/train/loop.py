@@ -76,6 +76,12 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         _, state = load_trainer_state(ckpt, optimizer, scheduler)
         policy.update_weights(model.state_dict(), version=state["rl_step"])
         console.print(f"[bold]resumed[/] from {ckpt} (phase {state['phase']}, RL step {state['rl_step']})")
+    # rows logged after the checkpoint are of work that runs again (older checkpoints: keep all)
+    log.rewind(state.get("metrics_rows", len(log.rows())) if ckpt is not None else 0)
+
+    def checkpoint(step: int) -> None:
+        state["metrics_rows"] = len(log.rows())
+        save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, state)
 
     # ---------------------------------------------------------------- warm start
     if state["phase"] == "warm_start":
@@ -90,13 +96,13 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                 log.log(state["sft_epoch"] - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
                 console.print(f"warm start epoch {state['sft_epoch']}/{cfg.warm_start.epochs}: "
                               f"loss {np.mean(losses):.4f} over {len(losses)} batches")
-                save_checkpoint(run_dir, 0, model, tokenizer, optimizer, scheduler, state)
+                checkpoint(0)
             policy.update_weights(model.state_dict(), version=0)
         state["reports"]["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, limits, tools,
                                                   console, log, step=0)
         state["phase"] = "rl"
         _set_lr(optimizer, cfg.rl.lr)
-        save_checkpoint(run_dir, 0, model, tokenizer, optimizer, scheduler, state)
+        checkpoint(0)
 
     # ---------------------------------------------------------------- RL
     if state["phase"] == "rl":
@@ -139,11 +145,11 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                           f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
                           f"loss {metrics['loss/total']:+.4f} ({metrics['time/step_s']:.0f}s)")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, optimizer, scheduler, state)
+                checkpoint(step + 1)
         state["reports"]["rl"] = run_eval("after RL", policy, cfg, eval_tasks, limits, tools, console, log,
                                           step=state["rl_step"])
         state["phase"] = "done"
-        save_checkpoint(run_dir, state["rl_step"], model, tokenizer, optimizer, scheduler, state)
+        checkpoint(state["rl_step"])
 
     policy.close()
     log.plot()

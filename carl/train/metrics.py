@@ -3,7 +3,8 @@
 A run directory holds:
   config.toml          the resolved config
   git_revision.txt     the code revision (and whether the tree was dirty)
-  metrics.jsonl        one JSON object per step (append-only, fsynced)
+  metrics.jsonl        one JSON object per step (append-only, fsynced; rewound on resume to the
+                       rows the checkpoint had seen, so a step that is run again is logged once)
   transcripts/         sample transcripts per step (text)
   plots/*.png          reward, pass rate, tokens per episode, loss terms (refreshed)
   checkpoints/         see carl.train.checkpoint
@@ -12,6 +13,7 @@ TensorBoard is an optional sink when installed (`tensorboard` package).
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,17 @@ class MetricsLog:
 
     def rows(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path) if self.path.exists() else []
+
+    def rewind(self, num_rows: int) -> int:
+        """Keep the first `num_rows` rows and drop the rest, with any torn last line; returns how
+        many rows were dropped. On resume, the rows logged after the checkpoint belong to work that
+        is about to run again: kept, they would show that step twice, and a torn line would glue
+        itself to the next row."""
+        rows = self.rows()
+        if not self.path.exists():
+            return 0
+        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows[:num_rows]))
+        return max(0, len(rows) - num_rows)
 
     def transcript(self, step: int, name: str, text: str) -> None:
         atomic_write_text(self.run_dir / "transcripts" / f"step{step:05d}_{name}.txt", text)
