@@ -144,6 +144,8 @@ def run_result(run_dir: Path, seed: int) -> dict:
         "rl_batches": sum(r.get("rl/batches", 1) for r in rl_rows),
         "tokens": statistics.mean(r["rl/generated_tokens_per_episode"] for r in rl_rows),
         "tool_errors": statistics.mean(r["rl/tool_error_rate"] for r in rl_rows),
+        # held-out episodes that ended with a finish call (None in reports older than the field)
+        "finish": [summary[name].get("finish_rate") for name in ("warm_start", "rl")],
         **task_changes(run_dir),
     }
 
@@ -173,7 +175,9 @@ def sign_test(better: int, worse: int) -> float:
 
 def print_row(arm: str, r: dict) -> None:
     print(f"seed {r['seed']} {arm}: held-out pass@1 warm start {r['warm']:.3f} -> after RL {r['rl']:.3f}; "
-          f"RL pass rate per step {[round(x, 2) for x in r['rl_train_pass_rate']]}", flush=True)
+          f"RL pass rate per step {[round(x, 2) for x in r['rl_train_pass_rate']]}"
+          + ("" if None in r["finish"] else f"; held-out episodes that finish {r['finish'][0]:.2f} -> {r['finish'][1]:.2f}"),
+          flush=True)
 
 
 def plot(results: dict[str, list[dict]], path: Path) -> None:

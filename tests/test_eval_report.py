@@ -29,3 +29,15 @@ def test_infra_failures_are_excluded_not_zero():
     assert (b.n, b.pass_at_1, b.pass_at_k) == (2, 0.5, 1.0)
     assert r.pass_at_1 == pytest.approx(0.75)
     assert r.summary()["tokens_per_task"] == pytest.approx((10 + 20) / 2)
+
+
+def test_finish_rate_counts_episodes_that_called_finish_among_scored_ones():
+    s = [
+        Sample("a", True, 1.0, 10, 3, 0, 1.0, stop_reason="finished"),
+        Sample("a", True, 1.0, 10, 6, 0, 1.0, stop_reason="max_turns"),  # passed, but never finished
+        Sample("a", False, 0.0, 10, 1, 0, 1.0, infra_failure=True, stop_reason="sandbox_error"),  # not scored
+        Sample("b", False, 0.0, 10, 6, 2, 1.0, stop_reason="max_turns"),
+    ]
+    r = build_report("t", s, k=1)
+    assert [t.finish_rate for t in r.tasks] == [0.5, 0.0]
+    assert r.summary()["finish_rate"] == pytest.approx(0.25)

@@ -61,12 +61,18 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
                                   tool_error_cost=cost)
         (r,) = group
         assert r.valid and r.passed, r.feedback
+        assert rollout_metrics([group])["rl/finish_rate"] == 1.0  # the expert ends with a finish call
         return r.reward, r.trajectory.num_tool_errors
 
     assert rewards(ExpertMistakes(), 0.1) == (1.0, 0)
     reward, errors = rewards(ExpertMistakes(bad_call=1.0), 0.1)
     assert errors == 1 and reward == pytest.approx(0.9)
     assert rewards(ExpertMistakes(bad_call=1.0), 0.0) == (1.0, 1)  # the default charges nothing
+
+    (cut,) = collect_groups(lambda i: ExpertPolicy(task, ExpertMistakes()), [task], 1, EpisodeLimits(max_turns=1),
+                            tools, sandbox)
+    assert cut[0].trajectory.stop_reason is StopReason.MAX_TURNS
+    assert rollout_metrics([cut])["rl/finish_rate"] == 0.0
 
 
 def test_has_signal_needs_a_pass_and_a_fail_not_just_a_penalty():

@@ -51,6 +51,7 @@ class TaskReport:
     mean_tool_calls: float
     mean_wall_s: float
     infra_failures: int
+    finish_rate: float = 0.0  # episodes that ended with a finish call (not the turn, token or time limit)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class BenchReport:
             "tokens_per_task": mean("mean_tokens"),
             "tool_calls_per_task": mean("mean_tool_calls"),
             "wall_s_per_task": mean("mean_wall_s"),
+            "finish_rate": mean("finish_rate"),
             "infra_failures": sum(t.infra_failures for t in self.tasks),
         }
 
@@ -112,6 +114,7 @@ def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
                 mean_tool_calls=_mean([s.tool_calls for s in ok]),
                 mean_wall_s=_mean([s.wall_s for s in ok]),
                 infra_failures=len(group) - n,
+                finish_rate=_mean([s.stop_reason == "finished" for s in ok]),
             )
         )
     return report
@@ -122,11 +125,13 @@ def render_table(report: BenchReport):
     from rich.table import Table
 
     table = Table(title=f"{report.name}: pass@1 {report.pass_at_1:.3f}, pass@{report.k} {report.pass_at_k:.3f}")
-    for col in ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "tool calls", "wall s", "infra"):
+    cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "tool calls", "finished", "wall s", "infra")
+    for col in cols:
         table.add_column(col, justify="left" if col == "task" else "right")
     for t in report.tasks:
         table.add_row(t.task_id, str(t.n), str(t.passed), f"{t.pass_at_1:.2f}", f"{t.pass_at_k:.2f}",
-                      f"{t.mean_tokens:.0f}", f"{t.mean_tool_calls:.1f}", f"{t.mean_wall_s:.1f}", str(t.infra_failures))
+                      f"{t.mean_tokens:.0f}", f"{t.mean_tool_calls:.1f}", f"{t.finish_rate:.2f}", f"{t.mean_wall_s:.1f}",
+                      str(t.infra_failures))
     return table
 
 

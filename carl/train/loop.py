@@ -218,7 +218,7 @@ def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools
     log.eval_report(step, result)
     s = report.summary()
     log.log(step, {"eval/pass@1": s["pass@1"], "eval/pass@k": s[f"pass@{report.k}"],
-                   "eval/tokens_per_task": s["tokens_per_task"]})
+                   "eval/tokens_per_task": s["tokens_per_task"], "eval/finish_rate": s["finish_rate"]})
     return result
 
 
@@ -226,15 +226,19 @@ def print_final_report(console: Console, summary: dict[str, dict], run_dir: Path
     from rich.table import Table
 
     table = Table(title="carl train: held-out micro tasks")
-    cols = ["checkpoint", "pass@1", "pass@k", "tokens/task", "tool calls/task", "wall s/task"]
+    cols = ["checkpoint", "pass@1", "pass@k", "tokens/task", "tool calls/task", "finished", "wall s/task"]
     for c in cols:
         table.add_column(c, justify="left" if c == "checkpoint" else "right")
     for name, s in summary.items():
         k = s["k"]
         table.add_row(name, f"{s['pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['tokens_per_task']:.0f}",
-                      f"{s['tool_calls_per_task']:.1f}", f"{s['wall_s_per_task']:.1f}")
+                      f"{s['tool_calls_per_task']:.1f}", _rate(s.get("finish_rate")), f"{s['wall_s_per_task']:.1f}")
     console.print(table)
     console.print(f"run directory: {run_dir} (config.toml, metrics.jsonl, plots/, transcripts/, checkpoints/)")
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"  # a report written before the field existed has none
 
 
 def episode_limits(cfg: TrainConfig) -> EpisodeLimits:

@@ -27,6 +27,8 @@ PLOTS = {
     "tokens.png": ["rl/tokens_per_episode", "rl/generated_tokens_per_episode"],
     "loss.png": ["loss/total", "loss/grpo", "loss/kl", "loss/self_distill", "loss/sft"],
     "tool_errors.png": ["rl/tool_error_rate"],
+    # episodes that ended with a finish call: reward ignores it, so RL can unlearn it (measured)
+    "finish.png": ["rl/finish_rate", "eval/finish_rate"],
     "kl.png": ["kl/kl"],  # KL(policy || RL start) per sampled token, when rl.kl_coef > 0
 }
 
