@@ -75,6 +75,35 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
     assert rollout_metrics([cut])["rl/finish_rate"] == 0.0
 
 
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_require_finish_fails_a_passing_episode_that_never_called_finish(tmp_path):
+    """The expert's fix passes the tests either way; cut off before its finish call, it counts as a
+    fail only with require_finish."""
+    from carl.harness.tools import default_tools
+    from carl.micro.expert import ExpertMistakes, ExpertPolicy
+    from carl.micro.world import build_micro_tasks
+
+    world = build_micro_tasks(tmp_path, seed=1, difficulty=1, repos={"eval": 1}, max_tasks_per_repo=1, backend="local")
+    (task,) = world["eval"]
+    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
+    sandbox = SandboxConfig(backend="local")
+
+    def run(max_turns, require_finish):
+        (group,) = collect_groups(lambda i: ExpertPolicy(task, ExpertMistakes()), [task], 1,
+                                  EpisodeLimits(max_turns=max_turns), tools, sandbox, require_finish=require_finish)
+        (r,) = group
+        return r.trajectory.stop_reason, r.passed, r.reward
+
+    full = run(8, False)
+    assert full == (StopReason.FINISHED, True, 1.0)
+    turns = 8
+    while run(turns - 1, False)[0] is StopReason.FINISHED:  # the fewest turns that still end in a finish
+        turns -= 1
+    assert run(turns - 1, False) == (StopReason.MAX_TURNS, True, 1.0)  # tests pass, no finish: scored as a pass
+    assert run(turns - 1, True) == (StopReason.MAX_TURNS, False, 0.0)  # ... unless finish is required
+    assert run(turns, True) == (StopReason.FINISHED, True, 1.0)
+
+
 def test_has_signal_needs_a_pass_and_a_fail_not_just_a_penalty():
     from train_fakes import token_rollout
 

@@ -148,6 +148,12 @@ class RLConfig:
     rollouts' tool-call error rate rose 0.06 -> 0.87 over 5 RL steps and held-out pass@1 fell
     0.250 -> 0.111; from the same warm start with the cost, 0.250 -> 0.556. With the cost 3 of 4
     runs improved, without it 5 of 6: not told apart on pass@1 (docs/training.md)."""
+    require_finish: bool = False
+    """Reward an RL rollout as a fail (0, less the tool-error cost) when it ends without calling
+    finish (it ran out of turns, tokens or time), even if the tests pass. Off, the reward never
+    looks at finish, and in one micro world both RL arms unlearned it within 5 steps: held-out
+    episodes that finish 0.44 -> 0.00 while their pass@1 rose (docs/training.md). Eval always
+    counts the tests alone."""
     sd_loss: str = "topk"
     """"topk": KL(student||teacher) over the student's top-k tokens + a tail bucket;
     "sampled": the sampled-token estimator (cheaper)."""

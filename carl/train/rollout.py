@@ -41,6 +41,8 @@ class Rollout:
     valid: bool = True
     """False for infrastructure failures: masked out of advantages and losses."""
     passed: bool = False
+    """The tests pass in a clean sandbox and the monitor saw nothing suspicious (and, with
+    `require_finish`, the agent called finish)."""
     feedback: str = ""
     """The failing test output of the clean-sandbox reward (self-distillation's hint)."""
     monitor_flags: list[str] = field(default_factory=list)
@@ -58,18 +60,20 @@ def collect_groups(
     monitor: MonitorConfig = MonitorConfig(),
     max_workers: int = 16,
     tool_error_cost: float = 0.0,
+    require_finish: bool = False,
 ) -> list[list[Rollout]]:
     """Run `group_size` episodes of every task concurrently; returns one group per task.
 
     `policy_factory(i)` gives the policy of episode i: the shared batched token policy for RL,
     or a fresh scripted expert per episode for warm-start data. `tool_error_cost` is subtracted
-    from a rollout's reward per failed tool call (see `tool_error_penalty`).
+    from a rollout's reward per failed tool call (see `tool_error_penalty`); with `require_finish`
+    an episode that ends without a finish call is a fail, whatever its tests say.
     """
     jobs = [(t, g) for t in tasks for g in range(group_size)]
     with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs))) as pool:
         results = list(pool.map(
             lambda ij: run_rollout(policy_factory(ij[0]), ij[1][0], limits, tools, sandbox, reward, monitor,
-                                   tool_error_cost),
+                                   tool_error_cost, require_finish),
             enumerate(jobs),
         ))
     return [results[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
@@ -77,7 +81,7 @@ def collect_groups(
 
 def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dict[str, Tool],
                 base: SandboxConfig, reward: RewardConfig, monitor: MonitorConfig,
-                tool_error_cost: float = 0.0) -> Rollout:
+                tool_error_cost: float = 0.0, require_finish: bool = False) -> Rollout:
     version = getattr(policy, "policy_version", 0)  # the weights this episode starts with
     try:
         config = sandbox_config_for(task, base)
@@ -92,14 +96,16 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         traj = Trajectory(task_id=task.instance_id, stop_reason=StopReason.SANDBOX_ERROR,
                           error=traceback.format_exc(), policy_version=version)
         return Rollout(task, traj, valid=False, feedback=traj.error)
-    shaped = 0.0 if r.infra_failure else r.reward - tool_error_penalty(traj.num_tool_errors, tool_error_cost)
+    unfinished = require_finish and traj.stop_reason is not StopReason.FINISHED
+    task_reward = 0.0 if unfinished else r.reward
+    shaped = 0.0 if r.infra_failure else task_reward - tool_error_penalty(traj.num_tool_errors, tool_error_cost)
     traj.metadata["reward"] = shaped
     return Rollout(
         task=task,
         trajectory=traj,
         reward=shaped,
         valid=not r.infra_failure,
-        passed=not r.infra_failure and r.result.reward >= 1.0 and not r.monitor.suspicious,
+        passed=not r.infra_failure and not unfinished and r.result.reward >= 1.0 and not r.monitor.suspicious,
         feedback=r.result.feedback,
         monitor_flags=sorted(r.monitor.kinds()),
         diff=r.diff,
