@@ -43,18 +43,24 @@ def test_tool_error_penalty_is_per_failed_call_and_capped_below_a_pass():
         tool_error_penalty(1, -0.1)
 
 
+def _micro_task(tmp_path, seed: int):
+    """One real held-out micro task, the expert's tools, and a local sandbox config."""
+    from carl.harness.tools import default_tools
+    from carl.micro.world import build_micro_tasks
+
+    world = build_micro_tasks(tmp_path, seed=seed, difficulty=1, repos={"eval": 1}, max_tasks_per_repo=1, backend="local")
+    (task,) = world["eval"]
+    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
+    return task, tools, SandboxConfig(backend="local")
+
+
 @pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
 def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
     """A real micro task, solved by the scripted expert with and without a call to a missing tool."""
-    from carl.harness.tools import default_tools
     from carl.micro.expert import ExpertMistakes, ExpertPolicy
-    from carl.micro.world import build_micro_tasks
 
-    world = build_micro_tasks(tmp_path, seed=0, difficulty=1, repos={"eval": 1}, max_tasks_per_repo=1, backend="local")
-    (task,) = world["eval"]
-    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
+    task, tools, sandbox = _micro_task(tmp_path, seed=0)
     limits = EpisodeLimits(max_turns=8)
-    sandbox = SandboxConfig(backend="local")
 
     def rewards(mistakes, cost):
         (group,) = collect_groups(lambda i: ExpertPolicy(task, mistakes), [task], 1, limits, tools, sandbox,
@@ -79,14 +85,9 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
 def test_require_finish_fails_a_passing_episode_that_never_called_finish(tmp_path):
     """The expert's fix passes the tests either way; cut off before its finish call, it counts as a
     fail only with require_finish."""
-    from carl.harness.tools import default_tools
     from carl.micro.expert import ExpertMistakes, ExpertPolicy
-    from carl.micro.world import build_micro_tasks
 
-    world = build_micro_tasks(tmp_path, seed=1, difficulty=1, repos={"eval": 1}, max_tasks_per_repo=1, backend="local")
-    (task,) = world["eval"]
-    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
-    sandbox = SandboxConfig(backend="local")
+    task, tools, sandbox = _micro_task(tmp_path, seed=1)
 
     def run(max_turns, require_finish):
         (group,) = collect_groups(lambda i: ExpertPolicy(task, ExpertMistakes()), [task], 1,
