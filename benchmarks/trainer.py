@@ -18,6 +18,9 @@
          t-1's prompt + its sampled ids + --obs-len observation ids (as the harness builds it),
          HFPolicy with prefix reuse (`prefix_cache_tokens=65536`) against the same policy with
          reuse off (`prefix_cache_tokens=0`), same prompts, same seeds
+    (d)  rl_step with the KL penalty (rl.kl_coef = 1) and the top --trainable-layers blocks
+         trained, the reference sharing the policy's frozen trunk (carl.train.reference)
+         against the full start model as reference (and, for scale, the same step without KL)
 
 Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
 (b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
@@ -39,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -49,6 +53,7 @@ from carl.policy.hf import DTYPES, HFPolicy, HFPolicyConfig, load_model, pad_tok
 from carl.tasks import TaskRecord
 from carl.train.config import RLConfig
 from carl.train.loop import set_trainable
+from carl.train.reference import FullReference, SharedTrunkReference, load_reference
 from carl.train.rollout import Rollout
 from carl.train.step import micro_batches, rl_step
 from carl.types import Segment, Trajectory
@@ -70,7 +75,8 @@ def main() -> None:
                    help="compute dtype of the train step (autocast) and weights of the sampler")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl")
+    p.add_argument("--trainable-layers", type=int, default=6, help="(d) model.trainable_layers")
     p.add_argument("--turns", type=int, default=4, help="(c) turns per episode")
     p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
     p.add_argument("--json", default="", help="also write the results here")
@@ -88,6 +94,8 @@ def main() -> None:
             results.update(bench_generate(path, args, iters))
         if "multiturn" not in args.skip:
             results.update(bench_multiturn(path, args, iters))
+        if "kl" not in args.skip:
+            results.update(bench_kl(path, args, iters))
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -282,6 +290,35 @@ def bench_multiturn(path: Path, args: argparse.Namespace, iters: int) -> dict[st
           f"({t_reuse:.2f} s; {100 * reused_frac:.0f}% of prompt tokens reused)")
     print(f"(c') same, full prefill each turn {tokens / t_full:9.1f} tok/s ({t_full:.2f} s)   "
           f"ratio {out['multiturn_ratio_reuse_over_full']:.2f}")
+    return out
+
+
+# ---------------------------------------------------------------- (d) KL reference: shared trunk vs full
+
+
+def bench_kl(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    tokenizer, model = load_model(path, torch.float32, args.device)
+    optimizer = torch.optim.AdamW(set_trainable(model, args.trainable_layers), lr=1e-6)
+    pad_id, compute_dtype = pad_token_id(tokenizer), DTYPES[args.dtype]
+    cfg = RLConfig(sd_weight=0.0, kl_coef=1.0, micro_batch_tokens=args.micro_batch_tokens)
+    groups = synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size)
+    shared = load_reference(path, model, args.trainable_layers, args.device)
+    if not isinstance(shared, SharedTrunkReference):
+        raise SystemExit(f"(d) the reference did not split at --trainable-layers {args.trainable_layers}")
+    full = FullReference(load_model(path, torch.float32, args.device)[1])
+
+    def step(reference, kl_coef=1.0):
+        return lambda: rl_step(model, optimizer, None, groups, replace(cfg, kl_coef=kl_coef), tokenizer, pad_id,
+                               token_normalizer=float(args.batch * args.seq_len), compute_dtype=compute_dtype,
+                               reference=reference)
+
+    t_shared, t_full = timed_pair(step(shared), step(full), iters, args.device)
+    t_none, _ = timed_pair(step(None, kl_coef=0.0), lambda: None, iters, args.device)
+    out = {"kl_step_shared_trunk_s": t_shared, "kl_step_full_reference_s": t_full, "kl_step_without_kl_s": t_none,
+           "kl_ratio_full_over_shared": t_full / t_shared}
+    print(f"(d)  rl_step + KL, shared trunk {t_shared:.2f} s, full reference {t_full:.2f} s "
+          f"(ratio {t_full / t_shared:.2f}); without KL {t_none:.2f} s "
+          f"({args.trainable_layers} of {model.config.num_hidden_layers} blocks trained)")
     return out
 
 

@@ -52,6 +52,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     return_logits: bool = False,
     score_mask_B_T: torch.Tensor | None = None,
+    inputs_embeds_B_T_D: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, "ScoredLogits"]:
     """Per-token log-probs (see module convention) of right-padded sequences under `model`.
 
@@ -63,9 +64,14 @@ def sequence_logprobs(
     output head runs only at the positions some row scores (`logits_to_keep`), which saves the
     T x V head (about a fifth of a small model's FLOPs) and its memory; other log-probs are 0,
     and `return_logits` then gives `ScoredLogits` (logits at those positions only).
+
+    With `inputs_embeds_B_T_D`, the model reads those vectors instead of embedding
+    `token_ids_B_T` (which still name the targets): the split KL reference feeds its top blocks
+    this way (carl/train/reference.py).
     """
+    inputs = {"input_ids": token_ids_B_T} if inputs_embeds_B_T_D is None else {"inputs_embeds": inputs_embeds_B_T_D}
     if score_mask_B_T is None:
-        logits_B_T_V = model(input_ids=token_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False).logits
+        logits_B_T_V = model(**inputs, attention_mask=attention_mask_B_T, use_cache=False).logits
         shifted = token_logprobs(logits_B_T_V[:, :-1], token_ids_B_T[:, 1:], temperature)
         logprobs_B_T = torch.cat([shifted.new_zeros((shifted.shape[0], 1)), shifted], dim=1)
         logprobs_B_T = logprobs_B_T * attention_mask_B_T.to(logprobs_B_T.dtype)
@@ -76,7 +82,7 @@ def sequence_logprobs(
     targets_K = torch.nonzero(score_mask_B_T[:, 1:].any(0)).squeeze(-1) + 1  # scored positions, t >= 1
     if len(targets_K) == 0:
         raise ValueError("score_mask_B_T selects no position t >= 1: nothing to score (drop such sequences)")
-    logits_B_K_V = model(input_ids=token_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False,
+    logits_B_K_V = model(**inputs, attention_mask=attention_mask_B_T, use_cache=False,
                          logits_to_keep=(targets_K - 1).to(token_ids_B_T.device)).logits
     scored_B_K = token_logprobs(logits_B_K_V, token_ids_B_T[:, targets_K], temperature)
     logprobs_B_T = scored_B_K.new_zeros(token_ids_B_T.shape).index_copy(1, targets_K, scored_B_K)

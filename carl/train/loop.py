@@ -39,6 +39,7 @@ from carl.tasks import TaskRecord, load_tasks
 from carl.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
+from carl.train.reference import load_reference
 from carl.train.rollout import collect_groups, has_signal, rollout_metrics
 from carl.train.step import rl_step
 from carl.train.warm_start import expert_rollouts, sft_epoch
@@ -113,7 +114,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         reference = None  # the KL anchor: the weights RL started from, the same on resume
         if cfg.rl.kl_coef > 0:
             start = run_dir / "checkpoints" / "step_000000" / "model"
-            reference = load_model(start, torch.float32, cfg.model.device)[1]
+            reference = load_reference(start, model, cfg.model.trainable_layers, cfg.model.device)
         order = task_order(len(rl_tasks), cfg.seed)
         while state["rl_step"] < cfg.rl.steps:
             step, t0, pos, groups = state["rl_step"], time.monotonic(), state["task_pos"], []

@@ -19,6 +19,7 @@ exp(old - rollout) corrects for the sampler being another numeric path or an old
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from carl.rl.self_distill import (
     topk_kl_loss,
 )
 from carl.train.config import RLConfig
+from carl.train.reference import FullReference
 from carl.train.rollout import Rollout
 
 
@@ -57,9 +59,14 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     """One optimizer step on `groups`; `temperature` must be the one the rollouts sampled at, so that
     the trainer's log-probs and the sampler's describe the same distribution. `compute_dtype`
     (e.g. bf16) autocasts the forward passes while the weights and optimizer stay in fp32.
-    `reference` (a frozen model; needed when cfg.kl_coef > 0) anchors the KL penalty."""
+    `reference` (needed when cfg.kl_coef > 0; a frozen model or carl.train.reference's form of
+    one) anchors the KL penalty."""
     if cfg.kl_coef > 0 and reference is None:
         raise ValueError(f"rl.kl_coef={cfg.kl_coef} needs a reference model (the weights RL started from)")
+    if cfg.kl_coef == 0:
+        reference = None
+    elif isinstance(reference, torch.nn.Module):
+        reference = FullReference(reference)
     seqs = build_sequences(groups, cfg, tokenizer, valid_tools)
     metrics: dict[str, float] = {"rl/num_sequences": float(len(seqs))}
     if not seqs:
@@ -77,7 +84,7 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         rollout_B_T = pad_rows([s.rollout_logprobs_T for s in micro], ids_B_T.shape[1], torch.float32).to(device)
         advantages_B = torch.tensor([s.advantage for s in micro], device=device)
         need_logits = any(s.teachers for s in micro) and cfg.sd_weight > 0
-        with autocast(model, compute_dtype):
+        with autocast(model, compute_dtype), reference.capture(model) if reference else contextlib.nullcontext():
             out = sequence_logprobs(model, ids_B_T, attn_B_T, temperature=temperature, return_logits=need_logits,
                                     score_mask_B_T=mask_B_T)
         logprobs_B_T, scored_logits = out if need_logits else (out, None)
@@ -90,9 +97,8 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         _accumulate(metrics, {f"grpo/{k}": v for k, v in m.items()}, weight=m["num_tokens"])
 
         if cfg.kl_coef > 0:
-            with torch.no_grad(), autocast(reference, compute_dtype):
-                ref_B_T = sequence_logprobs(reference, ids_B_T, attn_B_T, temperature=temperature,
-                                            score_mask_B_T=mask_B_T)
+            with torch.no_grad(), autocast(reference.model, compute_dtype):
+                ref_B_T = reference.logprobs(ids_B_T, attn_B_T, mask_B_T, temperature)
             kl, km = kl_to_reference_loss(logprobs_B_T, ref_B_T, mask_B_T, token_normalizer)
             kl = cfg.kl_coef * kl
             totals["loss/kl"] += float(kl.detach())
