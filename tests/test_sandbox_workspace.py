@@ -56,3 +56,22 @@ def test_resolve_rejects_escapes_and_accepts_inside(tmp_path):
         ws.read_file("d")
     with pytest.raises(SandboxPathError, match="directory"):
         ws.write_file(".", b"x")
+
+
+def test_an_edit_of_the_same_size_in_the_same_second_is_not_hidden_by_a_stale_pyc(tmp_path):
+    """Python reuses a .pyc whose recorded source mtime (whole seconds) and size match the file: a
+    same-size edit right after a test run compiled the file must still be what runs next."""
+    import py_compile
+    import subprocess
+    import sys
+    import time
+
+    ws = Workspace(tmp_path)
+    ws.write_file("calc.py", b"def add(a, b):\n    return a - b\n")
+    now = time.time()
+    os.utime(tmp_path / "calc.py", (now, now))
+    py_compile.compile(str(tmp_path / "calc.py"))  # what a test run leaves in __pycache__
+    ws.write_file("calc.py", b"def add(a, b):\n    return a + b\n")  # same size, same second
+    out = subprocess.run([sys.executable, "-c", "import calc; print(calc.add(1, 2))"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "3"

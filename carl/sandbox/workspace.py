@@ -120,12 +120,19 @@ class Workspace:
         if target == self.root or target.is_dir():
             raise SandboxPathError(f"{path!r} is a directory, not a file")
         self._make_parents(target.parent)
+        before = target.lstat() if os.path.lexists(target) else None
         try:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             raise SandboxPathError(f"cannot write {path!r}: {e.strerror}") from e
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        if before is not None and int(target.stat().st_mtime) == int(before.st_mtime):
+            # Python trusts a .pyc whose recorded source mtime (whole seconds) and size match: an
+            # edit of the same size within the second a test run compiled the file would run the
+            # old code. Move the mtime to the next second so every compiled copy goes stale.
+            next_s_ns = (int(before.st_mtime) + 1) * 1_000_000_000
+            os.utime(target, ns=(next_s_ns, next_s_ns), follow_symlinks=False)
         if self.owner:
             os.lchown(target, *self.owner)
 
