@@ -42,7 +42,7 @@ def test_the_shared_trunk_gives_the_full_reference_log_probs(start_dir):
     policy = _drifted_policy(start_dir)
     reference = load_reference(start_dir, policy, trainable_layers=1)
     assert isinstance(reference, SharedTrunkReference)
-    assert len(reference.model.model.layers) == 1
+    assert len(reference.model.model.layers) == 1 and "top 1 blocks" in reference.describe()
     _, full = load_model(start_dir, torch.float32)
     ids_B_T, attn_B_T, mask_B_T = _batch()
     with torch.no_grad():

@@ -115,6 +115,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         if cfg.rl.kl_coef > 0:
             start = run_dir / "checkpoints" / "step_000000" / "model"
             reference = load_reference(start, model, cfg.model.trainable_layers, cfg.model.device)
+            console.print(f"KL reference: {reference.describe()}")
         order = task_order(len(rl_tasks), cfg.seed)
         while state["rl_step"] < cfg.rl.steps:
             step, t0, pos, groups = state["rl_step"], time.monotonic(), state["task_pos"], []

@@ -37,6 +37,9 @@ class FullReference:
     def __init__(self, model: Any):
         self.model = model
 
+    def describe(self) -> str:
+        return f"the full start model ({self.model.config.num_hidden_layers} blocks per pass)"
+
     @contextlib.contextmanager
     def capture(self, policy: Any) -> Iterator[None]:
         yield
@@ -53,6 +56,9 @@ class SharedTrunkReference:
         self.model = head  # the start model cut down to its top `num_layers` blocks
         self.num_layers = num_layers
         self._hidden_B_T_D: torch.Tensor | None = None
+
+    def describe(self) -> str:
+        return f"the start model's top {self.num_layers} blocks on the policy's frozen-trunk hidden states"
 
     @contextlib.contextmanager
     def capture(self, policy: Any) -> Iterator[None]:
