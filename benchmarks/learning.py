@@ -43,6 +43,7 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     "grpo+errcost+finish": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.require_finish=true"],
     "grpo+kl": ["rl.sd_weight=0", "rl.tool_error_cost=0", "rl.kl_coef=0.1"],
     "grpo+errcost+kl": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0"],
+    "grpo+errcost+kl+12steps": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12"],
     "grpo+sd": ["rl.sd_weight=0.5", "rl.tool_error_cost=0"],
 }
 
