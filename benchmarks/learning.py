@@ -44,6 +44,9 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     "grpo+kl": ["rl.sd_weight=0", "rl.tool_error_cost=0", "rl.kl_coef=0.1"],
     "grpo+errcost+kl": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0"],
     "grpo+errcost+kl+12steps": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12"],
+    # a branch that sets micro.rl_repos trains on its own, larger RL set (same warm start and held-out tasks)
+    "grpo+errcost+kl+12steps+16rlrepos": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0",
+                                          "rl.steps=12", "micro.rl_repos=16"],
     "grpo+sd": ["rl.sd_weight=0.5", "rl.tool_error_cost=0"],
 }
 
@@ -74,7 +77,7 @@ def main() -> None:
                 continue
             overrides = [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}", *ARMS[arm], *args.overrides]
             if run_dir != first and not finished:
-                overrides += branch_from(first, run_dir)
+                overrides += branch_from(first, run_dir, rl_repos=_rl_repos(ARMS[arm] + args.overrides))
             if not finished:
                 train(load_config(TrainConfig, args.config, overrides))
             results[arm].append(run_result(run_dir, seed))
@@ -103,8 +106,11 @@ def main() -> None:
     plot(results, Path(args.out) / "learning.png")
 
 
-def branch_from(first: Path, run_dir: Path) -> list[str]:
-    """Start `run_dir` at `first`'s warm-start checkpoint, on `first`'s task files; returns the overrides."""
+def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list[str]:
+    """Start `run_dir` at `first`'s warm-start checkpoint, on `first`'s task files; returns the overrides.
+
+    With `rl_repos`, the branch trains on its own RL set of that many micro repos of `first`'s world
+    instead (built under <run_dir>/micro; the warm-start and held-out tasks stay `first`'s)."""
     src = first / "checkpoints" / "step_000000"
     if not (first / "report.json").exists() or not src.exists():
         raise SystemExit(f"{first} has no finished run with a warm-start checkpoint to branch from")
@@ -120,14 +126,35 @@ def branch_from(first: Path, run_dir: Path) -> list[str]:
         if warm_eval.exists():  # runs made before per-task eval reports have none: no task counts then
             (run_dir / "eval").mkdir(parents=True, exist_ok=True)
             shutil.copy2(warm_eval, run_dir / "eval" / "step000000.json")
-    return [f"{key}={path}" for key, path in task_files(first).items()]
+    files = task_files(first)
+    if rl_repos is not None:
+        files["rl_tasks"] = build_rl_set(first, run_dir, rl_repos)
+    return [f"{key}={path}" for key, path in files.items()]
+
+
+def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:
+    """RL tasks from `rl_repos` repos of `first`'s micro world (its resolved [micro] settings)."""
+    from carl.micro.world import build_micro_tasks
+
+    config = tomllib.loads((first / "config.toml").read_text())
+    m, backend = config["micro"], config.get("sandbox", {}).get("backend", "bwrap")
+    build_micro_tasks(run_dir / "micro", m["seed"], m["difficulty"], {"rl": rl_repos}, m["modules_per_repo"],
+                      m["defs_per_module"], m["max_tasks_per_repo"], backend=backend,
+                      progress=lambda split, s, r: print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
+    return str(run_dir / "micro" / "rl.jsonl")
+
+
+def _rl_repos(overrides: list[str]) -> int | None:
+    """The last `micro.rl_repos=N` among the overrides, if any."""
+    values = [o.split("=", 1)[1] for o in overrides if o.startswith("micro.rl_repos=")]
+    return int(values[-1]) if values else None
 
 
 def task_files(run_dir: Path) -> dict[str, str]:
     """The task files a finished run trained and evaluated on: its own micro world, or, for a run
     that was itself branched, the files its resolved config names."""
     micro = run_dir / "micro"
-    if not micro.exists() and (run_dir / "config.toml").exists():
+    if not (micro / "warm_start.jsonl").exists() and (run_dir / "config.toml").exists():
         config = tomllib.loads((run_dir / "config.toml").read_text())
         if config.get("tasks"):
             return {key: config[key] for key in ("tasks", "rl_tasks", "eval_tasks")}
