@@ -71,3 +71,22 @@ def test_a_branched_run_passes_on_the_task_files_its_config_names(tmp_path):
                                        'eval_tasks = "/w/micro/eval.jsonl"\n')
     assert learning.branch_from(first, tmp_path / "arm") == [
         "tasks=/w/micro/warm_start.jsonl", "rl_tasks=/w/micro/rl.jsonl", "eval_tasks=/w/micro/eval.jsonl"]
+
+
+@pytest.mark.filterwarnings("ignore:carl. the 'local' sandbox backend")
+def test_a_branch_with_rl_repos_trains_on_its_own_rl_set_of_the_same_world(tmp_path):
+    first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_grpo+more"
+    _finished_run(first, with_eval=True)
+    (first / "config.toml").write_text(
+        "[micro]\nseed = 0\ndifficulty = 1\nmodules_per_repo = 1\ndefs_per_module = 2\nmax_tasks_per_repo = 1\n"
+        '[sandbox]\nbackend = "local"\n')
+    overrides = learning.branch_from(first, arm, rl_repos=2)
+    assert overrides == [f"tasks={first / 'micro' / 'warm_start.jsonl'}", f"rl_tasks={arm / 'micro' / 'rl.jsonl'}",
+                         f"eval_tasks={first / 'micro' / 'eval.jsonl'}"]
+    tasks = [json.loads(line) for line in (arm / "micro" / "rl.jsonl").read_text().splitlines()]
+    assert len(tasks) == 2 and sorted(p.name for p in (arm / "micro" / "repos" / "rl").iterdir()) == ["repo500", "repo501"]
+
+
+def test_rl_repos_is_read_from_the_last_override():
+    assert learning._rl_repos(["rl.steps=12"]) is None
+    assert learning._rl_repos(["micro.rl_repos=16", "rl.steps=3", "micro.rl_repos=8"]) == 8
