@@ -87,19 +87,20 @@ def main() -> None:
     if not results:
         raise SystemExit(f"no finished runs under {args.out}")
     print(f"\nheld-out pass@1 over seeds {args.seeds} (mean ± spread = population std over seeds)")
-    print(f"{'arm':<19} {'seeds':>6} {'warm start':>13} {'after RL':>13} {'RL - warm':>13} {'improved':>9} "
+    w = max(len(arm) for arm in results) + 1  # arm column width
+    print(f"{'arm':<{w}} {'seeds':>6} {'warm start':>13} {'after RL':>13} {'RL - warm':>13} {'improved':>9} "
           f"{'tokens/ep':>10} {'tool err':>9} {'batches':>8}")
     for arm, rows in results.items():
         warm, rl = [r["warm"] for r in rows], [r["rl"] for r in rows]
         diff = [b - a for a, b in zip(warm, rl)]
-        print(f"{arm:<19} {','.join(str(r['seed']) for r in rows):>6} {_ms(warm):>13} {_ms(rl):>13} {_ms(diff):>13} "
+        print(f"{arm:<{w}} {','.join(str(r['seed']) for r in rows):>6} {_ms(warm):>13} {_ms(rl):>13} {_ms(diff):>13} "
               f"{sum(d > 0 for d in diff)}/{len(diff):<7} "
               f"{statistics.mean(r['tokens'] for r in rows):>10.0f} "
               f"{statistics.mean(r['tool_errors'] for r in rows):>9.2f} "
               f"{statistics.mean(r['rl_batches'] for r in rows):>8.1f}")
         if all("tasks_better" in r for r in rows):
             better, worse = sum(r["tasks_better"] for r in rows), sum(r["tasks_worse"] for r in rows)
-            print(f"{'':<19} held-out tasks (all seeds) solved more often after RL: {better}, less often: "
+            print(f"{'':<{w}} held-out tasks (all seeds) solved more often after RL: {better}, less often: "
                   f"{worse}; sign test p = {sign_test(better, worse):.3g}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "learning.json").write_text(json.dumps(results, indent=2))
