@@ -9,7 +9,8 @@ GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
 The other arms branch from that run's pinned warm-start checkpoint (step 0) and train on the
-same task files, so every arm of a seed starts from the same weights, tasks and RL step budget
+same task files (an arm that sets `micro.rl_repos` builds its own RL set of that many repos of
+the same world), so every arm of a seed starts from the same weights, tasks and RL step budget
 (dynamic sampling may add batches of rollouts in either: the printed rollouts per arm say how
 many); they differ only in the arm's overrides. A finished run is
 reused, so an interrupted benchmark resumes.
