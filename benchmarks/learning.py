@@ -5,6 +5,7 @@ GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
     .venv/bin/python benchmarks/learning.py --seeds 3 4 --arms grpo   # more seeds of the default
     .venv/bin/python benchmarks/learning.py --seeds 0 --arms grpo rl.steps=2   # a quick look
     .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 --report-only     # summarize, train nothing
+    .venv/bin/python benchmarks/learning.py --seeds 2 3 --jobs 2   # two seeds at once, one process each
 
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
@@ -33,6 +34,7 @@ import json
 import math
 import shutil
 import statistics
+import time
 import tomllib
 from pathlib import Path
 
@@ -60,8 +62,18 @@ def main() -> None:
     parser.add_argument("--out", default="runs/learning")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: summarize the finished runs under --out, skip the others")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds trained at once, one process each, logging to <out>/seed<N>.log "
+                             "(a CPU run peaks near 8 GiB: 2 fit in 24 GiB, 3 did not)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs: got {args.jobs}, expected >= 1")
+    if args.jobs > 1 and len(args.seeds) > 1 and not args.report_only:
+        failed = run_seeds_apart(args)
+        if failed:
+            print(f"seeds {failed} failed; their logs say why; summarizing the finished runs")
+        args.report_only = True
 
     from carl.config import load_config
     from carl.train.config import TrainConfig
@@ -106,6 +118,34 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "learning.json").write_text(json.dumps(results, indent=2))
     plot(results, Path(args.out) / "learning.png")
+
+
+def run_seeds_apart(args: argparse.Namespace) -> list[int]:
+    """Run each seed as its own `learning.py --seeds N` process, `args.jobs` at a time; the failed seeds."""
+    import subprocess
+    import sys
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pending, running, failed = list(args.seeds), {}, []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            seed = pending.pop(0)
+            argv = [sys.executable, __file__, "--seeds", str(seed), "--arms", *args.arms, "--out", str(out),
+                    *(["--config", args.config] if args.config else []), *args.overrides]
+            log = open(out / f"seed{seed}.log", "ab")  # noqa: SIM115 -- closed when its process ends
+            running[seed] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log)
+            print(f"seed {seed}: started, log {out / f'seed{seed}.log'}", flush=True)
+        for seed, (proc, log) in list(running.items()):
+            if proc.poll() is not None:
+                log.close()
+                del running[seed]
+                print(f"seed {seed}: {'done' if proc.returncode == 0 else f'failed (exit {proc.returncode})'}",
+                      flush=True)
+                if proc.returncode != 0:
+                    failed.append(seed)
+        time.sleep(1)
+    return failed
 
 
 def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list[str]:

@@ -90,3 +90,19 @@ def test_a_branch_with_rl_repos_trains_on_its_own_rl_set_of_the_same_world(tmp_p
 def test_rl_repos_is_read_from_the_last_override():
     assert learning._rl_repos(["rl.steps=12"]) is None
     assert learning._rl_repos(["micro.rl_repos=16", "rl.steps=3", "micro.rl_repos=8"]) == 8
+
+
+def test_run_seeds_apart_runs_one_process_per_seed_with_its_own_log_and_reports_failures(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_learning.py"  # stands in for learning.py: records its argv, seed 1 fails
+    fake.write_text("import json, sys, time\n"
+                    "seed = int(sys.argv[sys.argv.index('--seeds') + 1])\n"
+                    "print(json.dumps(sys.argv[1:]))\n"
+                    "time.sleep(0.5)\n"
+                    "sys.exit(3 if seed == 1 else 0)\n")
+    monkeypatch.setattr(learning, "__file__", str(fake))
+    args = learning.argparse.Namespace(seeds=[0, 1, 2], arms=["grpo"], out=str(tmp_path / "out"), config=None,
+                                       overrides=["rl.steps=2"], jobs=2)
+    assert learning.run_seeds_apart(args) == [1]
+    for seed in (0, 1, 2):
+        argv = json.loads((tmp_path / "out" / f"seed{seed}.log").read_text().splitlines()[0])
+        assert argv == ["--seeds", str(seed), "--arms", "grpo", "--out", str(tmp_path / "out"), "rl.steps=2"]

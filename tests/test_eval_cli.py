@@ -61,3 +61,33 @@ def test_eval_rejects_a_folder_without_a_model(tmp_path, capsys):
 def test_eval_rejects_a_missing_task_file(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(tmp_path / "nope.jsonl")]) == 2
     assert "--tasks" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_eval_with_a_run_config_scores_as_that_run_and_flags_still_win(micro_tasks, checkpoint, tmp_path):
+    from carl.config import load_config, save_config
+    from carl.train.config import TrainConfig
+
+    run_cfg = tmp_path / "config.toml"
+    save_config(load_config(TrainConfig, None, [
+        "limits.max_turns=1", "limits.max_new_tokens=8", "eval.samples_per_task=3", "eval.temperature=1.0",
+        "sandbox.backend=local", "model.dtype=float32", "tools=[\"read_file\", \"finish\"]"]), run_cfg)
+    out = tmp_path / "report.json"
+    assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--run-config", str(run_cfg),
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["summary"]["k"] == 3  # the run's eval.samples_per_task
+    (task,) = report["tasks"]
+    assert task["n"] == 3 and 0 < task["mean_tokens"] <= 8  # one turn of at most 8 tokens: the run's limits
+    assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--run-config", str(run_cfg),
+                 "--samples", "1", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    (task,) = json.loads(out.read_text())["tasks"]
+    assert task["n"] == 1 and task["mean_tokens"] <= 4
+
+
+def test_eval_rejects_a_missing_run_config(tmp_path, capsys):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("")
+    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(tasks),
+                 "--run-config", str(tmp_path / "config.toml")]) == 2
+    assert "--run-config" in capsys.readouterr().err

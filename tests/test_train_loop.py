@@ -111,3 +111,26 @@ def test_a_crash_before_the_rl_checkpoint_resumes_from_step_0_and_logs_the_step_
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]  # not twice
     assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]
     assert json.loads((run / "report.json").read_text()) == json.loads(json.dumps(summary))
+
+
+def test_rl_max_wall_s_stops_after_the_step_that_runs_past_it_then_evaluates_and_a_rerun_trains_no_more(
+        tmp_path, one_task):
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rl.max_wall_s=0.001", "rollout.concurrency=1",
+               "checkpoint_every=5")  # only the stop itself checkpoints step 1
+    summary = train(cfg, Console(quiet=True))
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]  # 1 of 3 steps
+    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000000", "step_000001"]
+    assert set(summary) == {"warm_start", "rl"}
+    assert train(cfg, Console(quiet=True)) == summary  # finished: no more RL steps on a rerun
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
+
+
+@pytest.mark.parametrize("override, field", [("rollout.concurrency=0", "rollout.concurrency"),
+                                             ("rl.max_wall_s=-1", "rl.max_wall_s")])
+def test_bad_concurrency_or_wall_budget_is_a_config_error_naming_the_field(override, field):
+    with pytest.raises(ValueError, match=field):  # the CLI prints it as one "config error" line
+        load_config(TrainConfig, None, [override])

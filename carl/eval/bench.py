@@ -20,8 +20,10 @@ from carl.train.rollout import Rollout, collect_groups
 
 
 def evaluate(name: str, policy_factory: Callable[[int], Any], tasks: list[TaskRecord], samples_per_task: int,
-             limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig) -> tuple[BenchReport, list[Rollout]]:
-    groups = collect_groups(policy_factory, tasks, samples_per_task, limits, tools, sandbox)
+             limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig,
+             max_workers: int = 16) -> tuple[BenchReport, list[Rollout]]:
+    """Every task `samples_per_task` times, `max_workers` episodes at once; the report and the rollouts."""
+    groups = collect_groups(policy_factory, tasks, samples_per_task, limits, tools, sandbox, max_workers=max_workers)
     rollouts = [r for g in groups for r in g]
     return build_report(name, [to_sample(r) for r in rollouts], k=samples_per_task), rollouts
 

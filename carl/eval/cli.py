@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict, replace
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -11,19 +13,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--checkpoint", help="a checkpoint dir (runs/X/checkpoints/step_N) or a HF model folder")
     src.add_argument("--policy", help="openai:URL#MODEL for an OpenAI-compatible endpoint")
     p.add_argument("--tasks", required=True, help="tasks JSONL (carl tasks build output)")
-    p.add_argument("--samples", type=int, default=4, help="samples per task (n); pass@k uses k = n")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "local"])
-    p.add_argument("--max-turns", type=int, default=12)
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--run-config", help="a training run's config.toml: score as that run's own eval does (its "
+                                        "episode limits, tools, sandbox, eval temperature and samples, sampler dtype, "
+                                        "device and concurrency); the flags below still win where given")
+    p.add_argument("--samples", type=int, default=None, help="samples per task (n); pass@k uses k = n (default 4)")
+    p.add_argument("--temperature", type=float, default=None, help="(default 0.7)")
+    p.add_argument("--sandbox", default=None, choices=["bwrap", "local"], help="(default bwrap)")
+    p.add_argument("--max-turns", type=int, default=None, help="(default 12)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="(default 512)")
     p.add_argument("--tools", default="", help="comma-separated tool names (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the sampler")
     p.add_argument("--out", default="eval_report.json", help="where to write the JSON report")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from rich.console import Console
 
     from carl.errors import UserError
@@ -35,6 +39,15 @@ def run(args: argparse.Namespace) -> int:
     from carl.sandbox.base import SandboxConfig
     from carl.tasks import load_tasks
 
+    run = _run_config(args.run_config)
+    if run is not None:  # the run's own eval settings fill every flag not given
+        args.samples = args.samples if args.samples is not None else run.eval.samples_per_task
+        args.temperature = args.temperature if args.temperature is not None else run.eval.temperature
+        args.sandbox = args.sandbox or run.sandbox.backend
+        args.tools = args.tools or ",".join(run.tools)
+    args.samples = 4 if args.samples is None else args.samples
+    args.temperature = 0.7 if args.temperature is None else args.temperature
+    args.sandbox = args.sandbox or "bwrap"
     if args.samples < 1:
         raise UserError(f"--samples: got {args.samples}, expected >= 1")
     if not Path(args.tasks).is_file():
@@ -46,11 +59,14 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise UserError(f"--tools: unknown {unknown}; expected names from {sorted(tools)}")
         tools = {k: v for k, v in tools.items() if k in args.tools.split(",")}
-    limits = EpisodeLimits(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
-    policy = _policy(args)
+    limits = EpisodeLimits(**asdict(run.limits)) if run is not None else EpisodeLimits(max_turns=12, max_new_tokens=512)
+    limits = replace(limits, **{k: v for k, v in (("max_turns", args.max_turns),
+                                                  ("max_new_tokens", args.max_new_tokens)) if v is not None})
+    policy = _policy(args, run)
     console = Console()
     report, _ = evaluate(Path(args.checkpoint or args.policy).name, lambda i: policy, tasks, args.samples, limits,
-                         tools, SandboxConfig(backend=args.sandbox))
+                         tools, SandboxConfig(backend=args.sandbox),
+                         max_workers=run.rollout.concurrency if run is not None else 16)
     console.print(render_table(report))
     atomic_write_json(args.out, report.to_dict())
     console.print(f"report written to {args.out}")
@@ -59,8 +75,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policy(args):
-    from pathlib import Path
+def _run_config(path: str | None):
+    """The TrainConfig of a run's config.toml, or None without --run-config."""
+    if path is None:
+        return None
+    from carl.config import load_config
+    from carl.errors import UserError
+    from carl.train.config import TrainConfig
+
+    if not Path(path).is_file():
+        raise UserError(f"--run-config: {path!r} does not exist (a run directory's config.toml)")
+    return load_config(TrainConfig, path, [])
+
+
+def _policy(args, run=None):
 
     from carl.errors import UserError
 
@@ -75,4 +103,8 @@ def _policy(args):
         raise UserError(f"--checkpoint: {args.checkpoint!r} holds no model (expected config.json in it or in model/)")
     from carl.policy.hf import HFPolicy, HFPolicyConfig
 
-    return HFPolicy(HFPolicyConfig(path=str(path), temperature=args.temperature))
+    if run is None:
+        return HFPolicy(HFPolicyConfig(path=str(path), temperature=args.temperature, seed=args.seed))
+    return HFPolicy(HFPolicyConfig(path=str(path), temperature=args.temperature, seed=args.seed,
+                                   dtype=run.model.dtype, device=run.model.device, top_p=run.rollout.top_p,
+                                   max_batch_size=run.rollout.group_size * run.rollout.tasks_per_step))

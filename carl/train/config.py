@@ -92,6 +92,10 @@ class RolloutConfig:
     GRPO advantage, no success to distill), roll out up to this many more batches of the next
     tasks before training. Without it, 3 of 5 RL steps of the embedded default trained on all-0
     groups: a step's rollouts for no update (measured)."""
+    concurrency: int = 16
+    """Episodes in flight at once (one thread each), in RL and in eval. The sampler batches up to
+    group_size x tasks_per_step of their requests, so on a GPU raise this with the batch (at 16,
+    a step of 8 x 8 rollouts decodes at most 16 rows at a time)."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -102,6 +106,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.temperature: got {self.temperature}, expected > 0")
         if self.max_extra_batches < 0:
             raise ValueError(f"rollout.max_extra_batches: got {self.max_extra_batches}, expected >= 0")
+        if self.concurrency < 1:
+            raise ValueError(f"rollout.concurrency: got {self.concurrency}, expected >= 1")
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,10 @@ class WarmStartConfig:
 @dataclass(frozen=True)
 class RLConfig:
     steps: int = 5
+    max_wall_s: float = 0.0
+    """Stop RL after the first step that ends this many seconds after RL started (or resumed) in
+    this process, then evaluate as after the last step; 0 = no limit, run all `steps`. For runs
+    with a wall-clock budget: the report and metrics say how many steps ran."""
     lr: float = 1e-4
     """Adam moments restart at the first RL step. At 5e-5 on top of the warm start's moments, 5 RL
     steps moved the weights by 5e-5 on average: 1/20 of a bf16 step at their size, so the bf16
@@ -180,6 +190,8 @@ class RLConfig:
             raise ValueError(f"rl.lr: got {self.lr}, expected > 0")
         if self.kl_coef < 0:
             raise ValueError(f"rl.kl_coef: got {self.kl_coef}, expected >= 0")
+        if self.max_wall_s < 0:
+            raise ValueError(f"rl.max_wall_s: got {self.max_wall_s}, expected >= 0 (0 = no limit)")
         if self.tool_error_cost < 0:
             raise ValueError(f"rl.tool_error_cost: got {self.tool_error_cost}, expected >= 0")
 

@@ -117,12 +117,13 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             reference = load_reference(start, model, cfg.model.trainable_layers, cfg.model.device)
             console.print(f"KL reference: {reference.describe()}")
         order = task_order(len(rl_tasks), cfg.seed)
-        while state["rl_step"] < cfg.rl.steps:
+        rl_start = time.monotonic()  # rl.max_wall_s counts from here (a resumed run starts afresh)
+        while state["rl_step"] < cfg.rl.steps and not state.get("rl_out_of_time"):
             step, t0, pos, groups = state["rl_step"], time.monotonic(), state["task_pos"], []
             for extra in range(cfg.rollout.max_extra_batches + 1):  # dynamic sampling: until some group has signal
                 batch = [rl_tasks[order[(pos + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
                 groups += collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox,
-                                         tool_error_cost=cfg.rl.tool_error_cost,
+                                         max_workers=cfg.rollout.concurrency, tool_error_cost=cfg.rl.tool_error_cost,
                                          require_finish=cfg.rl.require_finish)
                 pos += cfg.rollout.tasks_per_step
                 if any(has_signal(g) for g in groups):
@@ -147,7 +148,11 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             console.print(f"RL step {step + 1}/{cfg.rl.steps}: reward {metrics['rl/reward_mean']:.2f} "
                           f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
                           f"loss {metrics['loss/total']:+.4f} ({metrics['time/step_s']:.0f}s)")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps:
+            if cfg.rl.max_wall_s and time.monotonic() - rl_start >= cfg.rl.max_wall_s and step + 1 < cfg.rl.steps:
+                state["rl_out_of_time"] = True  # a resume goes straight to the final eval
+                console.print(f"RL stopped after step {step + 1} of {cfg.rl.steps}: "
+                              f"rl.max_wall_s={cfg.rl.max_wall_s:g} s reached")
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps or state.get("rl_out_of_time"):
                 checkpoint(step + 1)
         state["reports"]["rl"] = run_eval("after RL", policy, cfg, eval_tasks, limits, tools, console, log,
                                           step=state["rl_step"])
@@ -211,7 +216,7 @@ def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools
     status = f"evaluating {name} on {len(tasks)} held-out tasks x {cfg.eval.samples_per_task}"
     with console.status(status), policy.sampling(cfg.eval.temperature):
         report, rollouts = evaluate(name, lambda i: policy, tasks, cfg.eval.samples_per_task, limits, tools,
-                                    cfg.sandbox)
+                                    cfg.sandbox, max_workers=cfg.rollout.concurrency)
     for i, r in enumerate(rollouts):  # every held-out episode, to read what the checkpoint gets wrong
         verdict = "pass" if r.passed else ("infra" if not r.valid else "fail")
         log.transcript(step, f"eval_{i:03d}_{verdict}_{r.task.instance_id}",
