@@ -89,7 +89,6 @@ def _run_config(path: str | None):
 
 
 def _policy(args, run=None):
-
     from carl.errors import UserError
 
     if args.policy:

@@ -130,7 +130,7 @@ class RLConfig:
     max_wall_s: float = 0.0
     """Stop RL after the first step that ends this many seconds after RL started (or resumed) in
     this process, then evaluate as after the last step; 0 = no limit, run all `steps`. For runs
-    with a wall-clock budget: the report and metrics say how many steps ran."""
+    with a wall-clock budget: the console and metrics.jsonl say how many steps ran."""
     lr: float = 1e-4
     """Adam moments restart at the first RL step. At 5e-5 on top of the warm start's moments, 5 RL
     steps moved the weights by 5e-5 on average: 1/20 of a bf16 step at their size, so the bf16
