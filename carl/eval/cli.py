@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -59,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise UserError(f"--tools: unknown {unknown}; expected names from {sorted(tools)}")
         tools = {k: v for k, v in tools.items() if k in args.tools.split(",")}
-    limits = EpisodeLimits(**asdict(run.limits)) if run is not None else EpisodeLimits(max_turns=12, max_new_tokens=512)
+    if run is not None:
+        from carl.train.loop import episode_limits
+
+        limits = episode_limits(run)
+    else:
+        limits = EpisodeLimits(max_turns=12, max_new_tokens=512)
     limits = replace(limits, **{k: v for k, v in (("max_turns", args.max_turns),
                                                   ("max_new_tokens", args.max_new_tokens)) if v is not None})
     policy = _policy(args, run)
@@ -104,6 +109,6 @@ def _policy(args, run=None):
 
     if run is None:
         return HFPolicy(HFPolicyConfig(path=str(path), temperature=args.temperature, seed=args.seed))
-    return HFPolicy(HFPolicyConfig(path=str(path), temperature=args.temperature, seed=args.seed,
-                                   dtype=run.model.dtype, device=run.model.device, top_p=run.rollout.top_p,
-                                   max_batch_size=run.rollout.group_size * run.rollout.tasks_per_step))
+    from carl.train.loop import sampler_config
+
+    return HFPolicy(sampler_config(run, path, args.temperature, seed=args.seed))

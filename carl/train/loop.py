@@ -62,10 +62,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     compute_dtype = DTYPES[cfg.model.dtype]
     tokenizer, model = load_model(model_path, torch.float32, cfg.model.device)  # fp32 master weights (step.autocast)
     trainable = set_trainable(model, cfg.model.trainable_layers)
-    policy = HFPolicy(HFPolicyConfig(path=str(model_path), dtype=cfg.model.dtype, device=cfg.model.device,
-                                     temperature=cfg.rollout.temperature,
-                                     top_p=cfg.rollout.top_p, seed=cfg.seed,
-                                     max_batch_size=cfg.rollout.group_size * cfg.rollout.tasks_per_step))
+    policy = HFPolicy(sampler_config(cfg, model_path, cfg.rollout.temperature))
     pad_id = pad_token_id(tokenizer)
     optimizer = torch.optim.AdamW(trainable, lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -251,6 +248,14 @@ def _rate(x: float | None) -> str:
 
 def episode_limits(cfg: TrainConfig) -> EpisodeLimits:
     return EpisodeLimits(**asdict(cfg.limits))
+
+
+def sampler_config(cfg: TrainConfig, path: str | Path, temperature: float,
+                   seed: int | None = None) -> HFPolicyConfig:
+    """A run's rollout sampler: its dtype, device and top-p, batching group_size x tasks_per_step requests."""
+    return HFPolicyConfig(path=str(path), dtype=cfg.model.dtype, device=cfg.model.device, temperature=temperature,
+                          top_p=cfg.rollout.top_p, seed=cfg.seed if seed is None else seed,
+                          max_batch_size=cfg.rollout.group_size * cfg.rollout.tasks_per_step)
 
 
 def resolve_model_path(path: str) -> Path:
