@@ -41,3 +41,17 @@ def test_finish_rate_counts_episodes_that_called_finish_among_scored_ones():
     r = build_report("t", s, k=1)
     assert [t.finish_rate for t in r.tasks] == [0.5, 0.0]
     assert r.summary()["finish_rate"] == pytest.approx(0.25)
+
+
+def test_stop_reasons_count_why_scored_episodes_ended_per_task_and_overall():
+    s = [
+        Sample("a", True, 1.0, 10, 3, 0, 1.0, stop_reason="finished"),
+        Sample("a", False, 0.0, 10, 6, 0, 300.0, stop_reason="wall_time"),
+        Sample("a", False, 0.0, 10, 1, 0, 1.0, infra_failure=True, stop_reason="sandbox_error"),  # not scored
+        Sample("b", False, 0.0, 10, 6, 2, 1.0, stop_reason="max_turns"),
+        Sample("b", False, 0.0, 10, 6, 2, 1.0, stop_reason="max_turns"),
+    ]
+    r = build_report("t", s, k=2)
+    assert [t.stop_reasons for t in r.tasks] == [{"finished": 1, "wall_time": 1}, {"max_turns": 2}]
+    assert r.summary()["stop_reasons"] == {"finished": 1, "wall_time": 1, "max_turns": 2}
+    assert r.to_dict()["tasks"][1]["stop_reasons"] == {"max_turns": 2}

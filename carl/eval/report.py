@@ -9,6 +9,7 @@ Samples whose infrastructure failed are excluded from n (they say nothing about 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,7 @@ class TaskReport:
     mean_wall_s: float
     infra_failures: int
     finish_rate: float = 0.0  # episodes that ended with a finish call (not the turn, token or time limit)
+    stop_reasons: dict[str, int] = field(default_factory=dict)  # why its scored episodes ended, counted
 
 
 @dataclass
@@ -87,6 +89,7 @@ class BenchReport:
             "wall_s_per_task": mean("mean_wall_s"),
             "finish_rate": mean("finish_rate"),
             "infra_failures": sum(t.infra_failures for t in self.tasks),
+            "stop_reasons": dict(sum((Counter(t.stop_reasons) for t in self.tasks), Counter())),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +118,7 @@ def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
                 mean_wall_s=_mean([s.wall_s for s in ok]),
                 infra_failures=len(group) - n,
                 finish_rate=_mean([s.stop_reason == "finished" for s in ok]),
+                stop_reasons=dict(Counter(s.stop_reason for s in ok)),
             )
         )
     return report
