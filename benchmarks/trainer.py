@@ -357,19 +357,24 @@ def model_folder(name: str, tmp: Path) -> Path:
 
 def random_smollm2(folder: Path) -> Path:
     """SmolLM2-135M's architecture with random weights and a two-token tokenizer (ids only matter)."""
-    from tokenizers import Tokenizer, models
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=2)
+    return save_random_llama(folder, LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2))
+
+
+def save_random_llama(folder: Path, config) -> Path:
+    """A Llama of `config` with random weights, and a tokenizer of <unk>, <s>, </s> (ids only matter)."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                             pad_token="</s>").save_pretrained(folder)
     return folder
-
 
 if __name__ == "__main__":
     main()

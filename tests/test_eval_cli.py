@@ -91,3 +91,11 @@ def test_eval_rejects_a_missing_run_config(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(tasks),
                  "--run-config", str(tmp_path / "config.toml")]) == 2
     assert "--run-config" in capsys.readouterr().err
+
+
+def test_eval_rejects_a_task_file_moved_away_from_its_store(micro_tasks, tmp_path, capsys):
+    moved = tmp_path / "eval.jsonl"  # its store (eval.store/) stayed behind: every episode would fail
+    moved.write_text(micro_tasks.read_text())
+    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(moved)]) == 2
+    err = capsys.readouterr().err
+    assert "1 of 1 tasks have no broken repo on disk" in err and "eval.store/broken/" in err

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from carl.eval.report import Sample, build_report, pass_at_k
+from carl.eval.report import Sample, build_report, pass_at_k, render_table
 
 
 def test_pass_at_k_matches_hand_values():
@@ -55,3 +55,19 @@ def test_stop_reasons_count_why_scored_episodes_ended_per_task_and_overall():
     assert [t.stop_reasons for t in r.tasks] == [{"finished": 1, "wall_time": 1}, {"max_turns": 2}]
     assert r.summary()["stop_reasons"] == {"finished": 1, "wall_time": 1, "max_turns": 2}
     assert r.to_dict()["tasks"][1]["stop_reasons"] == {"max_turns": 2}
+
+
+def test_infra_errors_say_why_unscored_samples_failed_per_task_overall_and_under_the_table():
+    missing = "FileNotFoundError: [Errno 2] No such file or directory: '/x/broken/a'"
+    s = [
+        Sample("a", False, 0.0, 0, 0, 0, 0.0, infra_failure=True, error=missing),
+        Sample("a", False, 0.0, 0, 0, 0, 0.0, infra_failure=True, error=missing),
+        Sample("b", True, 1.0, 10, 2, 0, 1.0, stop_reason="finished"),
+        Sample("b", False, 0.0, 0, 0, 0, 0.0, infra_failure=True, error="SandboxError: bwrap died"),
+    ]
+    r = build_report("t", s, k=1)
+    assert [t.infra_errors for t in r.tasks] == [{missing: 2}, {"SandboxError: bwrap died": 1}]
+    assert list(r.summary()["infra_errors"].items()) == [(missing, 2), ("SandboxError: bwrap died", 1)]
+    caption = render_table(r).caption
+    assert caption.startswith("3 samples failed in the infrastructure") and f"2x {missing}" in caption
+    assert render_table(build_report("t", s[2:3], k=1)).caption is None  # nothing failed: no caption

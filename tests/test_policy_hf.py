@@ -64,6 +64,16 @@ def test_concurrent_calls_are_batched_and_match_one_at_a_time(tiny_dir):
     for t in threads:
         t.join()
     assert policy.max_live_rows > 1  # requests shared a batch
+    stats = policy.take_stats()  # 4 prefills; the rest decode steps, some with several rows
+    assert stats.prefills == 4  # positions computed: the prompts less what the prefix cache served
+    assert stats.prefill_tokens == sum(len(PROMPTS[i]) for i in range(4)) - policy.prefix_cache.reused_tokens
+    # each request's first id comes from its prefill, every later one from a decode step
+    assert stats.decode_rows == sum(budgets) - 4 and stats.decode_steps < stats.decode_rows
+    assert stats.prefill_s > 0 and stats.decode_s > 0
+    m = stats.metrics(wall_s=2 * (stats.prefill_s + stats.decode_s + stats.merge_s))
+    assert m["sampler/busy_frac"] == pytest.approx(0.5)
+    assert m["sampler/rows_per_decode_step"] == pytest.approx(stats.decode_rows / stats.decode_steps)
+    assert policy.take_stats().decode_steps == 0  # taking them starts afresh
     for i in range(4):
         solo = policy.generate(PROMPTS[i], budgets[i], stop_ids=[])
         assert results[i].token_ids == solo.token_ids
@@ -342,7 +352,8 @@ def test_prefix_reuse_and_attention_kernel_defaults_depend_on_the_device():
     cpu, gpu = HFPolicyConfig(path="m"), HFPolicyConfig(path="m", device="cuda:0")
     assert cpu.resolved_prefix_cache_tokens() == 65536 and gpu.resolved_prefix_cache_tokens() == 0
     assert HFPolicyConfig(path="m", device="cuda:0", prefix_cache_tokens=4096).resolved_prefix_cache_tokens() == 4096
-    assert cpu.resolved_attn_implementation() == "eager" and gpu.resolved_attn_implementation() is None
+    assert cpu.resolved_attn_implementation() == "eager" and gpu.resolved_attn_implementation() == "eager"
+    assert HFPolicyConfig(path="m", device="cuda:0", attn_implementation="sdpa").resolved_attn_implementation() == "sdpa"
     assert HFPolicyConfig(path="m", dtype="float32").resolved_attn_implementation() is None
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         HFPolicyConfig(path="m", prefix_cache_tokens=-1)

@@ -83,6 +83,12 @@ def test_store_paths_are_relative_to_the_task_file(tmp_path):
     assert loaded[0].environment["path"] == "/abs/venv"
     with pytest.raises(UserError):
         load_tasks(tmp_path / "missing.jsonl")
+    # whatever runs episodes asks for the repos: a task file moved away from its store is named
+    with pytest.raises(UserError, match=r"2 of 2 tasks have no broken repo on disk, e.g. task 'a'.*tasks.store/broken/a"):
+        load_tasks(out, require_repos=True)
+    (tmp_path / "sub" / "tasks.store" / "broken" / "a").mkdir(parents=True)
+    write_tasks(out, [t])
+    assert [x.instance_id for x in load_tasks(out, require_repos=True)] == ["a"]
 
 
 def test_sandbox_config_for_sets_the_venv_and_env():

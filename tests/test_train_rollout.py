@@ -8,7 +8,7 @@ import pytest
 from carl.harness.agent import EpisodeLimits
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
-from carl.train.rollout import collect_groups, rollout_metrics
+from carl.train.rollout import collect_groups, infra_error, require_valid, rollout_metrics
 from carl.types import StopReason
 
 
@@ -31,6 +31,22 @@ def test_crashed_episode_is_invalid_not_zero(tmp_path):
         assert "Traceback" in r.feedback
     m = rollout_metrics(groups)
     assert m["rl/infra_failures"] == 2.0 and m["rl/reward_mean"] == 0.0
+    # one line says why (the exception, not the traceback), and a step of nothing but those stops
+    why = infra_error(groups[0][0])
+    assert "missing" in why and "Traceback" not in why and "\n" not in why
+    with pytest.raises(RuntimeError, match=r"RL step 3: all 2 episodes failed in the infrastructure") as e:
+        require_valid(groups[0], "RL step 3")
+    assert f"2x {why}" in str(e.value)
+
+
+def test_require_valid_passes_when_any_rollout_is_valid(tmp_path):
+    task = TaskRecord(instance_id="t1", repo="r", broken_repo=str(tmp_path / "missing"))
+    [[bad]] = collect_groups(lambda i: VersionedPolicy(), [task], 1, EpisodeLimits(max_turns=2), {},
+                             SandboxConfig(backend="local"))
+    good = dataclasses.replace(bad, valid=True)
+    require_valid([bad, good], "RL step 1")  # no error
+    require_valid([], "RL step 1")  # nothing ran: not this check's business
+    assert infra_error(good) == ""
 
 
 def test_tool_error_penalty_is_per_failed_call_and_capped_below_a_pass():

@@ -16,7 +16,7 @@ from carl.harness.agent import EpisodeLimits
 from carl.harness.tools.base import Tool
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
-from carl.train.rollout import Rollout, collect_groups
+from carl.train.rollout import Rollout, collect_groups, infra_error
 
 
 def evaluate(name: str, policy_factory: Callable[[int], Any], tasks: list[TaskRecord], samples_per_task: int,
@@ -39,5 +39,6 @@ def to_sample(r: Rollout) -> Sample:
         tool_errors=t.num_tool_errors,
         wall_s=t.wall_s,
         infra_failure=not r.valid,
+        error=infra_error(r),
         stop_reason=t.stop_reason.value,
     )

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--samples: got {args.samples}, expected >= 1")
     if not Path(args.tasks).is_file():
         raise UserError(f"--tasks: {args.tasks!r} does not exist")
-    tasks = load_tasks(args.tasks)
+    tasks = load_tasks(args.tasks, require_repos=True)
     tools = default_tools()
     if args.tools:
         unknown = sorted(set(args.tools.split(",")) - set(tools))
@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"report written to {args.out}")
     if hasattr(policy, "close"):
         policy.close()
+    if not any(t.n for t in report.tasks):
+        console.print("[red]no sample was scored: every episode failed in the infrastructure (see above)[/]")
+        return 1
     return 0
 
 

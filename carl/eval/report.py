@@ -39,6 +39,7 @@ class Sample:
     wall_s: float
     infra_failure: bool = False
     stop_reason: str = ""
+    error: str = ""  # why its infrastructure failed (one line), when it did
 
 
 @dataclass
@@ -54,6 +55,7 @@ class TaskReport:
     infra_failures: int
     finish_rate: float = 0.0  # episodes that ended with a finish call (not the turn, token or time limit)
     stop_reasons: dict[str, int] = field(default_factory=dict)  # why its scored episodes ended, counted
+    infra_errors: dict[str, int] = field(default_factory=dict)  # why its unscored ones failed, counted
 
 
 @dataclass
@@ -90,7 +92,12 @@ class BenchReport:
             "finish_rate": mean("finish_rate"),
             "infra_failures": sum(t.infra_failures for t in self.tasks),
             "stop_reasons": dict(sum((Counter(t.stop_reasons) for t in self.tasks), Counter())),
+            "infra_errors": self.infra_errors(),
         }
+
+    def infra_errors(self) -> dict[str, int]:
+        """Why samples failed in the infrastructure, counted over all tasks, most common first."""
+        return dict(sum((Counter(t.infra_errors) for t in self.tasks), Counter()).most_common())
 
     def to_dict(self) -> dict[str, Any]:
         from carl.types import to_jsonable
@@ -119,6 +126,7 @@ def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
                 infra_failures=len(group) - n,
                 finish_rate=_mean([s.stop_reason == "finished" for s in ok]),
                 stop_reasons=dict(Counter(s.stop_reason for s in ok)),
+                infra_errors=dict(Counter(s.error for s in group if s.infra_failure)),
             )
         )
     return report
@@ -129,6 +137,10 @@ def render_table(report: BenchReport):
     from rich.table import Table
 
     table = Table(title=f"{report.name}: pass@1 {report.pass_at_1:.3f}, pass@{report.k} {report.pass_at_k:.3f}")
+    errors = report.infra_errors()
+    if errors:  # unscored samples: say why under the table, the most common reasons first
+        shown = "; ".join(f"{n}x {e}" for e, n in list(errors.items())[:3])
+        table.caption = f"{sum(errors.values())} samples failed in the infrastructure and are not scored: {shown}"
     cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "tool calls", "finished", "wall s", "infra")
     for col in cols:
         table.add_column(col, justify="left" if col == "task" else "right")

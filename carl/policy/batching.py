@@ -103,6 +103,36 @@ class LiveBatch:
     pos_B: torch.Tensor  # the position id of next_B
 
 
+@dataclass
+class SamplerStats:
+    """Where the batcher thread's time went (wall seconds), summed until the policy's `take_stats()`.
+
+    Every forward ends by sampling, whose `.tolist()` waits for the device, so the times include
+    GPU work. Against the wall time of a rollout phase they say whether it waited on the sampler
+    (busy fraction near 1) or on the episodes' tools (near 0)."""
+
+    prefills: int = 0
+    prefill_tokens: int = 0  # prompt positions computed, past the reused prefix
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_rows: int = 0  # rows summed over decode steps: their mean batch is decode_rows / decode_steps
+    decode_s: float = 0.0
+    merge_s: float = 0.0
+
+    def metrics(self, wall_s: float) -> dict[str, float]:
+        """`sampler/*` metrics of a phase that took `wall_s` seconds."""
+        busy = self.prefill_s + self.decode_s + self.merge_s
+        return {
+            "sampler/busy_frac": busy / wall_s if wall_s > 0 else 0.0,
+            "sampler/prefill_s": self.prefill_s,
+            "sampler/prefill_tokens_per_s": self.prefill_tokens / self.prefill_s if self.prefill_s else 0.0,
+            "sampler/decode_s": self.decode_s,
+            "sampler/decode_ms_per_step": 1000 * self.decode_s / max(self.decode_steps, 1),
+            "sampler/rows_per_decode_step": self.decode_rows / max(self.decode_steps, 1),
+            "sampler/merge_s": self.merge_s,
+        }
+
+
 def decode_loop(
     model: Any,
     admit: Callable[[int], list[Request]],
@@ -111,14 +141,17 @@ def decode_loop(
     max_rows: int,
     recorder: RoutingRecorder | None = None,
     prefix_cache: PrefixCache | None = None,
+    stats: SamplerStats | None = None,
 ) -> int:
     """Decode until no row is live and `admit` has nothing more; returns the number of forwards.
 
     `admit(n)` returns up to n waiting requests (non-blocking); `deliver(request)` is called
     once per request when it finishes, with `request.result` set. With a `prefix_cache`, prompts
-    start from the longest stored prefix and finished rows are stored for the next turn.
+    start from the longest stored prefix and finished rows are stored for the next turn. `stats`
+    accumulates the time spent in prefills, decode steps and merges.
     """
     prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(max_tokens=0)
+    stats = stats if stats is not None else SamplerStats()
     batch: LiveBatch | None = None
     num_forwards = 0
     with torch.inference_mode():
@@ -127,12 +160,20 @@ def decode_loop(
             if batch is None and not new:
                 return num_forwards
             if batch is not None:
+                t0, rows = time.perf_counter(), len(batch.rows)
                 batch = decode_step(model, batch, sampling, deliver, recorder, prefix_cache)
+                stats.decode_s += time.perf_counter() - t0
+                stats.decode_steps, stats.decode_rows = stats.decode_steps + 1, stats.decode_rows + rows
                 num_forwards += 1
             for request in new:
+                t0, reused = time.perf_counter(), prefix_cache.reused_tokens
                 fresh = prefill(model, request, sampling, deliver, recorder, prefix_cache)
-                num_forwards += 1
+                t1 = time.perf_counter()
                 batch = merge(batch, fresh)
+                stats.prefill_s, stats.merge_s = stats.prefill_s + t1 - t0, stats.merge_s + time.perf_counter() - t1
+                stats.prefills += 1
+                stats.prefill_tokens += len(request.prompt_ids) - (prefix_cache.reused_tokens - reused)
+                num_forwards += 1
 
 
 def prefill(

@@ -29,7 +29,14 @@ import torch
 
 from carl.errors import UserError
 from carl.harness.policies import Generation
-from carl.policy.batching import Request, RequestBatcher, RoutingRecorder, SamplingParams, decode_loop
+from carl.policy.batching import (
+    Request,
+    RequestBatcher,
+    RoutingRecorder,
+    SamplerStats,
+    SamplingParams,
+    decode_loop,
+)
 from carl.policy.prefix_cache import PrefixCache
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -55,9 +62,13 @@ class HFPolicyConfig:
     seed: int = 0
     """Seeds the per-request generators (request n uses seed * 1_000_003 + n)."""
     attn_implementation: str = "auto"
-    """Attention kernel of the sampler: "auto" picks "eager" on CPU in bf16 (decode of 8 rows x 1500
-    cached positions measured 1.7x faster than "sdpa", whose bf16 CPU path with a padding mask is
-    slow) and transformers' default elsewhere; or any name transformers accepts ("sdpa", "eager")."""
+    """Attention kernel of the sampler: "auto" picks "eager" except on CPU in fp32, where it leaves
+    transformers' default ("sdpa"); or any name transformers accepts ("sdpa", "eager"). The sampler's
+    batches are left-padded, and "sdpa" with a padding mask is slow on both: on 2 CPU cores in bf16,
+    decode of 8 rows x 1500 cached positions ran 1.7x faster with "eager"; on one H200 (gVisor,
+    torch 2.11, transformers 5.24), a decode forward of 32 rows x 1500 positions of SmolLM2-135M's
+    architecture took 44 ms with "eager", padded or not, against 94-131 ms with "sdpa" and a padding
+    mask (benchmarks/sampler.py measures the whole rollout phase)."""
     prefix_cache_tokens: int | None = None
     """Cached positions kept for prefix reuse across turns (`carl.policy.prefix_cache`); 0 turns
     reuse off; None (auto) = 65536 on CPU and off elsewhere. Measured with benchmarks/trainer.py
@@ -95,7 +106,7 @@ class HFPolicyConfig:
         """The `attn_implementation` to load with (None: transformers' default)."""
         if self.attn_implementation != "auto":
             return self.attn_implementation
-        return "eager" if self.device == "cpu" and self.dtype == "bfloat16" else None
+        return None if self.device == "cpu" and self.dtype == "float32" else "eager"
 
 
 class HFPolicy:
@@ -109,6 +120,7 @@ class HFPolicy:
         self.num_forwards = 0  # model forwards (prefills and decode steps) so far
         self.num_requests = 0
         self.max_live_rows = 0  # the most requests decoded together in one batch so far
+        self.stats = SamplerStats()  # the batcher's time since the last take_stats()
         self.routing_recorder = routing_recorder
         self._sampling = SamplingParams(config.temperature, config.top_p)
         self.prefix_cache = PrefixCache(0 if routing_recorder is not None else config.resolved_prefix_cache_tokens())
@@ -164,6 +176,12 @@ class HFPolicy:
             with self._between_generations():
                 self._sampling = previous
 
+    def take_stats(self) -> SamplerStats:
+        """The sampler's time split (prefill, decode, merge) since the last call, and start afresh."""
+        with self._between_generations():
+            stats, self.stats = self.stats, SamplerStats()
+        return stats
+
     def close(self) -> None:
         """Stop the batcher thread (pending calls finish first)."""
         self._batcher.close()
@@ -204,6 +222,7 @@ class HFPolicy:
                 self.config.max_batch_size,
                 self.routing_recorder,
                 self.prefix_cache,
+                self.stats,
             )
 
 

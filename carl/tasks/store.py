@@ -35,18 +35,29 @@ def store_dir(tasks_path: str | Path) -> Path:
     return p.with_name(p.stem + ".store")
 
 
-def load_tasks(path: str | Path) -> list[TaskRecord]:
-    """Read a task JSONL file; relative `broken_repo` / environment paths become absolute."""
+def load_tasks(path: str | Path, require_repos: bool = False) -> list[TaskRecord]:
+    """Read a task JSONL file; relative `broken_repo` / environment paths become absolute.
+
+    With `require_repos` (anything that will run episodes), every task's broken repo must exist:
+    a task file copied away from its store would otherwise fail every episode in its sandbox."""
+    from carl.errors import UserError
+
     path = Path(path)
     if not path.is_file():
-        from carl.errors import UserError
-
         raise UserError(f"task file {str(path)!r} does not exist")
     base = path.resolve().parent
     tasks = []
     for d in read_jsonl(path):
         t = TaskRecord.from_dict(d)
         tasks.append(_absolute(t, base))
+    if require_repos:
+        missing = [t for t in tasks if not t.broken_repo or not Path(t.broken_repo).is_dir()]
+        if missing:
+            raise UserError(
+                f"task file {str(path)!r}: {len(missing)} of {len(tasks)} tasks have no broken repo on disk, "
+                f"e.g. task {missing[0].instance_id!r}: broken_repo {missing[0].broken_repo!r} is not a directory "
+                f"(relative paths resolve against the task file's folder {str(base)!r}; keep the file beside "
+                f"its {store_dir(path).name}/ or write one with `carl tasks build`)")
     return tasks
 
 

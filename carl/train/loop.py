@@ -40,7 +40,7 @@ from carl.train.checkpoint import latest_checkpoint, load_trainer_state, save_ch
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
 from carl.train.reference import load_reference
-from carl.train.rollout import collect_groups, has_signal, rollout_metrics
+from carl.train.rollout import collect_groups, has_signal, require_valid, rollout_metrics
 from carl.train.step import rl_step
 from carl.train.warm_start import expert_rollouts, sft_epoch
 
@@ -117,6 +117,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         rl_start = time.monotonic()  # rl.max_wall_s counts from here (a resumed run starts afresh)
         while state["rl_step"] < cfg.rl.steps and not state.get("rl_out_of_time"):
             step, t0, pos, groups = state["rl_step"], time.monotonic(), state["task_pos"], []
+            policy.take_stats()  # count this step's rollouts only
             for extra in range(cfg.rollout.max_extra_batches + 1):  # dynamic sampling: until some group has signal
                 batch = [rl_tasks[order[(pos + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
                 groups += collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox,
@@ -125,11 +126,13 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                 pos += cfg.rollout.tasks_per_step
                 if any(has_signal(g) for g in groups):
                     break
+            require_valid([r for g in groups for r in g], f"RL step {step + 1}")
             lagging = [r for g in groups for r in g if step - r.trajectory.policy_version > cfg.rollout.max_staleness]
             if lagging:  # synchronous RL (staleness 0) samples every rollout of step s with version s
                 raise RuntimeError(f"{len(lagging)} rollouts lag more than rollout.max_staleness="
                                    f"{cfg.rollout.max_staleness} versions behind step {step}")
             t_rollout = time.monotonic() - t0
+            sampler = policy.take_stats()  # how much of the rollout phase waited on the sampler
             metrics = rl_step(model, optimizer, scheduler, groups, cfg.rl, tokenizer, pad_id, token_normalizer,
                               valid_tools=tuple(tools), temperature=cfg.rollout.temperature,
                               compute_dtype=compute_dtype, reference=reference)
@@ -137,6 +140,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             state["rl_step"], state["task_pos"] = step + 1, pos
             metrics.update(rollout_metrics(groups))
             metrics["rl/batches"] = float(extra + 1)
+            metrics.update(sampler.metrics(t_rollout))
             metrics.update({"time/rollout_s": t_rollout, "time/step_s": time.monotonic() - t0})
             log.log(step + 1, metrics)
             best = max((r for g in groups for r in g), key=lambda r: (r.valid, r.reward))
@@ -174,9 +178,9 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, console: Console) -> dict[st
     if cfg.tasks:
         if not cfg.eval_tasks:
             raise ConfigError("eval_tasks: required when tasks is set (held-out tasks to evaluate on)")
-        warm = load_tasks(cfg.tasks)
-        return {"warm_start": warm, "rl": load_tasks(cfg.rl_tasks) if cfg.rl_tasks else warm,
-                "eval": load_tasks(cfg.eval_tasks)}
+        warm = load_tasks(cfg.tasks, require_repos=True)
+        return {"warm_start": warm, "rl": load_tasks(cfg.rl_tasks, require_repos=True) if cfg.rl_tasks else warm,
+                "eval": load_tasks(cfg.eval_tasks, require_repos=True)}
     if cfg.rl_tasks or cfg.eval_tasks:
         raise ConfigError("rl_tasks/eval_tasks: set `tasks` too, or none of them for the micro world")
     from carl.micro.world import build_micro_tasks
@@ -218,6 +222,7 @@ def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools
         verdict = "pass" if r.passed else ("infra" if not r.valid else "fail")
         log.transcript(step, f"eval_{i:03d}_{verdict}_{r.task.instance_id}",
                        r.task.problem_statement + "\n" + transcript_text(r.trajectory))
+    require_valid(rollouts, f"evaluating {name}")
     console.print(render_table(report))
     result = report.to_dict()
     log.eval_report(step, result)

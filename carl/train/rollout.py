@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         traj = Trajectory(task_id=task.instance_id, stop_reason=StopReason.SANDBOX_ERROR,
                           error=traceback.format_exc(), policy_version=version)
         return Rollout(task, traj, valid=False, feedback=traj.error)
+    if r.infra_failure:  # the reward's sandbox failed: keep why, as an episode's own failure does
+        traj.error = traj.error or r.result.infra_error
     unfinished = require_finish and traj.stop_reason is not StopReason.FINISHED
     task_reward = 0.0 if unfinished else r.reward
     shaped = 0.0 if r.infra_failure else task_reward - tool_error_penalty(traj.num_tool_errors, tool_error_cost)
@@ -110,6 +113,26 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         monitor_flags=sorted(r.monitor.kinds()),
         diff=r.diff,
     )
+
+
+def infra_error(r: Rollout) -> str:
+    """One line saying why an invalid rollout's infrastructure failed: the last line of its error
+    (an exception's type and message, not the traceback above it); "" for a valid rollout."""
+    if r.valid:
+        return ""
+    lines = [line.strip() for line in (r.trajectory.error or "").splitlines() if line.strip()]
+    line = lines[-1] if lines else f"{r.trajectory.stop_reason.value} (no detail)"
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def require_valid(rollouts: list[Rollout], what: str) -> None:
+    """Raise when no rollout is valid: every episode failed in the infrastructure (a missing repo,
+    a broken sandbox or environment), so there is nothing to train on or to score."""
+    if rollouts and not any(r.valid for r in rollouts):
+        errors = Counter(infra_error(r) for r in rollouts)
+        lines = "\n".join(f"  {n}x {e}" for e, n in errors.most_common(3))
+        raise RuntimeError(f"{what}: all {len(rollouts)} episodes failed in the infrastructure (sandbox, policy "
+                           f"or reward), so none can be scored. Their errors:\n{lines}")
 
 
 def has_signal(group: list[Rollout]) -> bool:
