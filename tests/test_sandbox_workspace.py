@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 from carl.sandbox.base import SandboxPathError
-from carl.sandbox.workspace import SMALL_TREE_ENTRIES, Workspace, copy_tree
+import subprocess
+import sys
+
+from carl.sandbox.workspace import SMALL_TREE_ENTRIES, Workspace, copy_tree, make_scratch_dir, sweep_stale
 
 
 def make_tree(root, num_files):
@@ -75,3 +78,30 @@ def test_an_edit_of_the_same_size_in_the_same_second_is_not_hidden_by_a_stale_py
     out = subprocess.run([sys.executable, "-c", "import calc; print(calc.add(1, 2))"], cwd=tmp_path,
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "3"
+
+
+def test_scratch_dirs_of_dead_processes_are_swept_once_old(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # a process id that no longer exists
+    old = 2 * 3600
+
+    def make(name: str, age_s: float) -> Path:
+        d = tmp_path / name
+        (d / "workspace" / "ro").mkdir(parents=True)
+        (d / "workspace" / "ro" / "f.py").write_text("x")
+        os.chmod(d / "workspace" / "ro", 0o555)  # as a sandbox may leave it
+        t = os.path.getmtime(d) - age_s
+        os.utime(d, (t, t))
+        return d
+
+    gone = make(f"carl-x-{dead}-abc", old)
+    kept = [make(f"carl-x-{dead}-new", 0),  # its owner may be in another PID namespace: too young to tell
+            make(f"carl-x-{os.getpid()}-me", old),  # a live owner
+            make("carl-x-nopid", old),  # not a name this code makes
+            make(f"carl-y-{dead}-other", old)]  # another prefix
+    assert sweep_stale("carl-x-", tmp_path) == [gone]
+    assert not gone.exists() and all(d.exists() for d in kept)
+    # new scratch dirs carry their owner's pid, and the first one of a process sweeps its parent
+    os.utime(kept[0], (os.path.getmtime(kept[0]) - old,) * 2)
+    d = make_scratch_dir("carl-x-", str(tmp_path))
+    assert d.name.startswith(f"carl-x-{os.getpid()}-") and not kept[0].exists()

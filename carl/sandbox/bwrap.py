@@ -42,7 +42,7 @@ from typing import Self
 
 from carl.sandbox.base import ExecResult, FileEntry, SandboxConfig, SandboxError, SandboxPathError
 from carl.sandbox.process import kill_group, run_process
-from carl.sandbox.workspace import Workspace, chown_tree, copy_tree, make_scratch_dir
+from carl.sandbox.workspace import Workspace, chown_tree, copy_tree, make_scratch_dir, remove_tree
 
 WORKDIR = "/workspace"
 """Where the workspace appears inside the sandbox."""
@@ -213,7 +213,7 @@ class BwrapSandbox:
 
     def _release(self) -> None:
         if self._tmp is not None:
-            _remove_tree(self._tmp)
+            remove_tree(self._tmp)
         if self._uid_lease:
             self._uid_lease.release()
 
@@ -301,20 +301,6 @@ def _ro_bind_args(paths: list[str]) -> list[str]:
 
 def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-def _remove_tree(root: Path) -> None:
-    """rmtree that also removes directories the sandbox made read-only (chmod 555)."""
-
-    def make_writable_and_retry(func, path, _exc):
-        parent = os.path.dirname(path)
-        try:
-            os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
-            func(path)
-        except OSError:
-            pass
-
-    shutil.rmtree(root, onerror=make_writable_and_retry)
 
 
 class _UidLease:

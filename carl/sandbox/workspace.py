@@ -13,19 +13,78 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from carl.sandbox.base import FileEntry, SandboxError, SandboxPathError
 
+STALE_AFTER_S = 3600.0
+"""A scratch directory whose owner process is gone and that is older than this is swept."""
+_swept: set[tuple[str, str]] = set()  # (prefix, parent) pairs this process has swept
+_sweep_lock = threading.Lock()
+
 
 def make_scratch_dir(prefix: str, parent: str | None) -> Path:
-    """A new private (0700) directory for one sandbox's files, in parent or the system temp dir."""
+    """A new private (0700) directory for one sandbox's files, in parent or the system temp dir.
+
+    Its name carries this process's id (`<prefix><pid>-<random>`). A process killed without its
+    cleanup (SIGKILL, the OOM killer, SIGTERM) leaves its sandboxes' copies behind; the first
+    scratch directory a process makes sweeps those of dead owners (see `sweep_stale`)."""
+    with _sweep_lock:
+        if (prefix, str(parent)) not in _swept:
+            _swept.add((prefix, str(parent)))
+            sweep_stale(prefix, Path(parent or tempfile.gettempdir()))
     try:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
     except OSError as e:
         raise SandboxError(f"sandbox.scratch_dir: cannot make a directory in {parent!r}: {e}") from e
+
+
+def sweep_stale(prefix: str, parent: Path, older_than_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove `<prefix><pid>-*` directories under `parent` whose process no longer exists and that
+    were not modified for `older_than_s` seconds (the age guards against a process of the same id
+    in another PID namespace that shares the directory); returns what was removed."""
+    removed = []
+    now = time.time()
+    for path in parent.glob(f"{prefix}*-*"):
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or _alive(int(pid)) or now - path.lstat().st_mtime < older_than_s:
+                continue
+        except OSError:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            remove_tree(path)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_tree(root: Path) -> None:
+    """rmtree that also removes directories the sandbox made read-only (chmod 555)."""
+
+    def make_writable_and_retry(func, path, _exc):
+        parent = os.path.dirname(path)
+        try:
+            os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+            func(path)
+        except OSError:
+            pass
+
+    shutil.rmtree(root, onerror=make_writable_and_retry)
 
 
 SMALL_TREE_ENTRIES = 200
