@@ -357,3 +357,23 @@ def test_prefix_reuse_and_attention_kernel_defaults_depend_on_the_device():
     assert HFPolicyConfig(path="m", dtype="float32").resolved_attn_implementation() is None
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         HFPolicyConfig(path="m", prefix_cache_tokens=-1)
+
+
+def test_sample_tokens_draws_from_the_distribution_and_never_a_zero_probability_id():
+    from carl.policy.batching import SamplingParams, sample_tokens
+
+    probs_V = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    logits_B_V = torch.log(probs_V).expand(4000, -1)  # -inf where the probability is 0
+    gens = [torch.Generator().manual_seed(i) for i in range(4000)]
+    next_B, logprob_B = sample_tokens(logits_B_V, gens, SamplingParams(temperature=1.0, top_p=1.0))
+    freq_V = torch.bincount(next_B, minlength=6).float() / 4000
+    assert freq_V[[0, 2, 5]].sum() == 0
+    assert freq_V == pytest.approx(probs_V, abs=0.03)
+    assert logprob_B == pytest.approx(torch.log(probs_V)[next_B])
+    # each row's draw comes from its own generator: the same seeds give the same ids
+    again_B, _ = sample_tokens(logits_B_V, [torch.Generator().manual_seed(i) for i in range(4000)],
+                               SamplingParams(temperature=1.0, top_p=1.0))
+    assert torch.equal(next_B, again_B)
+    # top-p keeps the smallest set reaching the mass: 0.5 + 0.3 here, never 0.2
+    top_B, _ = sample_tokens(logits_B_V, gens, SamplingParams(temperature=1.0, top_p=0.7))
+    assert set(top_B.tolist()) == {1, 4}
