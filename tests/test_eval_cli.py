@@ -99,3 +99,23 @@ def test_eval_rejects_a_task_file_moved_away_from_its_store(micro_tasks, tmp_pat
     assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(moved)]) == 2
     err = capsys.readouterr().err
     assert "1 of 1 tasks have no broken repo on disk" in err and "eval.store/broken/" in err
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_eval_fails_when_no_sample_could_be_scored_and_says_why(micro_tasks, checkpoint, tmp_path, capsys,
+                                                                 monkeypatch):
+    from carl.sandbox.base import SandboxError
+
+    def broken(*args, **kwargs):
+        raise SandboxError("bwrap: setting up uid map: Permission denied")
+
+    monkeypatch.setattr("carl.train.rollout.open_sandbox", broken)
+    out = tmp_path / "report.json"
+    code = main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--sandbox", "local",
+                 "--samples", "2", "--out", str(out)])
+    assert code == 1
+    printed = capsys.readouterr().out
+    assert "no sample was scored" in printed and "2 samples failed in the infrastructure" in printed
+    summary = json.loads(out.read_text())["summary"]  # the report is still written, with the reasons
+    assert summary["infra_failures"] == 2
+    assert summary["infra_errors"] == {"carl.sandbox.base.SandboxError: bwrap: setting up uid map: Permission denied": 2}
