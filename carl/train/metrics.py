@@ -30,6 +30,8 @@ PLOTS = {
     # episodes that ended with a finish call: reward ignores it, so RL can unlearn it (measured)
     "finish.png": ["rl/finish_rate", "eval/finish_rate"],
     "kl.png": ["kl/kl"],  # KL(policy || RL start) per sampled token, when rl.kl_coef > 0
+    # seconds per RL step: rollouts (of which the sampler's prefills and decode steps) and the whole step
+    "time.png": ["time/step_s", "time/rollout_s", "sampler/decode_s", "sampler/prefill_s"],
 }
 
 
