@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7, help="sampler seed of the warm start's eval")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of the finished run's config")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # overrides may follow the options
     if args.tasks < 1 or args.samples < 1:
         p.error(f"--tasks and --samples: got {args.tasks} and {args.samples}, expected >= 1")
 
@@ -63,6 +63,7 @@ def main() -> None:
                      "--run-config", str(args.out / "fit_config.toml"), "--seed", str(args.seed), "--out", str(warm)])
         if code:
             raise SystemExit(f"the warm start's eval failed (exit {code})")
+        use_as_warm_start_eval(args.out, json.loads(warm.read_text()))
     if not (args.out / "report.json").exists():
         train(cfg)
     print_summary(args.out, warm)
@@ -88,6 +89,20 @@ def drop_held_out_eval(run_dir: Path) -> None:
     if metrics.exists():
         rows = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in read_jsonl(metrics)]
         atomic_write_text(metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def use_as_warm_start_eval(run_dir: Path, report: dict) -> None:
+    """Make `report` (the warm start scored on the fitted tasks) the branch's step-0 eval: its
+    per-task report, and the warm-start entry of the final table (kept in the checkpoint's state)."""
+    import torch
+
+    atomic_write_text(run_dir / "eval" / "step000000.json", json.dumps(report, indent=2))
+    path = run_dir / "checkpoints" / "step_000000" / "trainer.pt"
+    blob = torch.load(path, weights_only=False)
+    blob["trainer_state"]["reports"] = {"warm_start": report}
+    tmp = path.with_suffix(".tmp")
+    torch.save(blob, tmp)
+    tmp.replace(path)
 
 
 def print_summary(run_dir: Path, warm_path: Path) -> None:
