@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from learning import branch_from
 
-from carl.io import atomic_write_text, read_jsonl
+from carl.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from carl.tasks import TaskRecord, load_tasks, write_tasks
 
 
@@ -88,7 +88,7 @@ def drop_held_out_eval(run_dir: Path) -> None:
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         rows = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in read_jsonl(metrics)]
-        atomic_write_text(metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        atomic_write_jsonl(metrics, rows)
 
 
 def use_as_warm_start_eval(run_dir: Path, report: dict) -> None:
@@ -96,7 +96,7 @@ def use_as_warm_start_eval(run_dir: Path, report: dict) -> None:
     per-task report, and the warm-start entry of the final table (kept in the checkpoint's state)."""
     import torch
 
-    atomic_write_text(run_dir / "eval" / "step000000.json", json.dumps(report, indent=2))
+    atomic_write_json(run_dir / "eval" / "step000000.json", report)
     path = run_dir / "checkpoints" / "step_000000" / "trainer.pt"
     blob = torch.load(path, weights_only=False)
     blob["trainer_state"]["reports"] = {"warm_start": report}

@@ -38,7 +38,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from carl.io import read_jsonl
+from carl.io import atomic_write_jsonl, read_jsonl
 
 ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
     "grpo": ["rl.sd_weight=0", "rl.tool_error_cost=0"],
@@ -163,7 +163,7 @@ def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list
         (ckpts / "latest").write_text("step_000000\n")
         if (first / "metrics.jsonl").exists():  # the warm start's rows, which step 0's checkpoint counts
             warm_rows = [r for r in read_jsonl(first / "metrics.jsonl") if r["step"] <= 0]
-            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in warm_rows))
+            atomic_write_jsonl(run_dir / "metrics.jsonl", warm_rows)
         warm_eval = first / "eval" / "step000000.json"  # the warm start's eval, for task_changes
         if warm_eval.exists():  # runs made before per-task eval reports have none: no task counts then
             (run_dir / "eval").mkdir(parents=True, exist_ok=True)

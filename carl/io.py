@@ -33,6 +33,11 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def atomic_write_jsonl(path: str | Path, rows: list[Any]) -> None:
+    """Replace a JSONL file with `rows`, one JSON object a line, atomically."""
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
 def append_jsonl(path: str | Path, obj: Any) -> None:
     """Append one JSON line and fsync: a crash loses at most the line being written."""
     path = Path(path)

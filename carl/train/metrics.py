@@ -13,12 +13,11 @@ TensorBoard is an optional sink when installed (`tensorboard` package).
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from carl.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from carl.io import append_jsonl, atomic_write_json, atomic_write_jsonl, atomic_write_text, read_jsonl
 
 # plot file -> metric keys drawn in it (keys missing from the log are skipped)
 PLOTS = {
@@ -78,7 +77,7 @@ class MetricsLog:
         rows = self.rows()
         if not self.path.exists():
             return 0
-        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows[:num_rows]))
+        atomic_write_jsonl(self.path, rows[:num_rows])
         return max(0, len(rows) - num_rows)
 
     def transcript(self, step: int, name: str, text: str) -> None:
