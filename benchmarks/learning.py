@@ -50,6 +50,10 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # a branch that sets micro.rl_repos trains on its own, larger RL set (same warm start and held-out tasks)
     "grpo+errcost+kl+12steps+16rlrepos": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0",
                                           "rl.steps=12", "micro.rl_repos=16"],
+    # the RL set covers the world's templates: 24 repos (~70 tasks), G=8 x 4 tasks a step, so 12 steps visit
+    # ~48 tasks once each (the 4-task fit in docs/training.md learned each task's answer, not the mapping)
+    "grpo+errcost+kl+cover24": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12",
+                                "micro.rl_repos=24", "rollout.group_size=8", "rollout.tasks_per_step=4"],
     "grpo+sd": ["rl.sd_weight=0.5", "rl.tool_error_cost=0"],
 }
 

@@ -119,3 +119,25 @@ def test_eval_fails_when_no_sample_could_be_scored_and_says_why(micro_tasks, che
     summary = json.loads(out.read_text())["summary"]  # the report is still written, with the reasons
     assert summary["infra_failures"] == 2
     assert summary["infra_errors"] == {"carl.sandbox.base.SandboxError: bwrap: setting up uid map: Permission denied": 2}
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_eval_samples_each_episode_from_its_own_stream_and_repeats(micro_tasks, checkpoint, tmp_path, monkeypatch):
+    """Sample j of task t draws from the streams named "t/j" (not from arrival order), so the same
+    --seed gives the same episodes (common random numbers across checkpoints)."""
+    from carl.policy.hf import HFPolicy
+
+    keys: list[str] = []
+    episode = HFPolicy.episode
+    monkeypatch.setattr(HFPolicy, "episode", lambda self, key: keys.append(key) or episode(self, key))
+    task_id = json.loads(micro_tasks.read_text().splitlines()[0])["instance_id"]
+    reports = []
+    for i, seed in enumerate(("5", "5")):
+        out = tmp_path / f"r{i}.json"
+        assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--sandbox", "local",
+                     "--samples", "3", "--max-turns", "2", "--max-new-tokens", "24", "--tools", "read_file,finish",
+                     "--temperature", "1.0", "--seed", seed, "--out", str(out)]) == 0
+        reports.append(json.loads(out.read_text())["tasks"][0])
+    assert sorted(keys) == sorted([f"{task_id}/{j}" for j in range(3)] * 2)
+    for field in ("mean_tokens", "mean_tool_calls", "passed"):
+        assert reports[0][field] == reports[1][field], field

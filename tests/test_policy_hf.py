@@ -9,7 +9,7 @@ from carl.errors import UserError
 from carl.harness.policies import TokenPolicy
 from carl.policy import smollm2
 from carl.policy.batching import top_p_filter
-from carl.policy.hf import HFPolicy, HFPolicyConfig
+from carl.policy.hf import HFPolicy, HFPolicyConfig, stream_seed
 from carl.rl.logprobs import sequence_logprobs
 
 PROMPTS = [[1, 5, 9, 12, 40, 41, 42, 7], [1, 7, 3], [1, 20, 21, 22, 23, 24], [1, 2]]
@@ -179,6 +179,60 @@ def test_update_weights_bumps_version_and_changes_samples(tiny_dir):
     policy.close()
     with pytest.raises(RuntimeError, match="closed"):
         policy.generate(PROMPTS[0], 8, [])
+
+
+def test_episode_streams_do_not_depend_on_arrival_order_batch_or_weights_version(tiny_dir):
+    """Turn t of episode `key` samples the same ids whatever ran before it, beside it, or the version."""
+    def episode(policy, key):
+        ep = policy.episode(key)
+        return [ep.generate(p, 10, stop_ids=[]).token_ids for p in PROMPTS[:2]]  # two turns
+
+    policy = _policy(tiny_dir, seed=3, temperature=1.0)
+    alone = episode(policy, "task-a/0")
+    other = _policy(tiny_dir, seed=3, temperature=1.0, batch_wait_s=0.2)
+    for p in PROMPTS:  # shift the arrival counter
+        other.generate(p, 4, stop_ids=[])
+    other.update_weights({k: v.clone() for k, v in other.model.state_dict().items()})  # version 1, same weights
+    results: dict[str, list] = {}
+    threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, episode(other, k)))
+               for k in ("task-b/1", "task-a/0", "task-a/1")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert other.max_live_rows > 1  # the episodes shared batches
+    assert results["task-a/0"] == alone
+    assert results["task-a/1"] != alone and results["task-b/1"] != alone  # other keys, other streams
+    assert alone != [policy.generate(p, 10, stop_ids=[]).token_ids for p in PROMPTS[:2]]  # arrival-seeded
+    third = _policy(tiny_dir, seed=4, temperature=1.0)
+    assert episode(third, "task-a/0") != alone  # the policy's seed names the streams too
+    for p in (policy, other, third):
+        p.close()
+    assert stream_seed(3, "k", 0) == stream_seed(3, "k", 0) != stream_seed(3, "k", 1)
+    assert 0 <= stream_seed(2**40, "x" * 100, 10**6) < 2**63
+
+
+def test_episode_streams_couple_two_close_checkpoints(tiny_dir):
+    """Common random numbers: a slightly perturbed copy samples mostly the same episodes on the same
+    streams, and almost never on independent ones."""
+    a = _policy(tiny_dir, seed=0, temperature=1.0)
+    b = _policy(tiny_dir, seed=0, temperature=1.0)
+    c = _policy(tiny_dir, seed=1, temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    for p in (b, c):
+        state = {k: v.clone() for k, v in a.model.state_dict().items()}
+        w = state["lm_head.weight"]
+        state["lm_head.weight"] = w + 0.0002 * w.std() * torch.randn(w.shape, generator=gen)
+        p.update_weights(state)
+    keys = [f"t/{i}" for i in range(24)]
+    def sample(policy):
+        return [policy.episode(k).generate(PROMPTS[i % 4], 12, stop_ids=[]).token_ids for i, k in enumerate(keys)]
+    ref = sample(a)
+    same_streams = sum(x == y for x, y in zip(ref, sample(b)))
+    other_streams = sum(x == y for x, y in zip(ref, sample(c)))
+    assert same_streams >= 16 and other_streams <= 2, (same_streams, other_streams)
+    for p in (a, b, c):
+        p.close()
 
 
 def test_bf16_moe_model_with_routing_recorder(tmp_path):

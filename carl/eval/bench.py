@@ -19,13 +19,25 @@ from carl.tasks import TaskRecord
 from carl.train.rollout import Rollout, collect_groups, infra_error
 
 
-def evaluate(name: str, policy_factory: Callable[[int], Any], tasks: list[TaskRecord], samples_per_task: int,
+def evaluate(name: str, policy: Any, tasks: list[TaskRecord], samples_per_task: int,
              limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig,
              max_workers: int = 16) -> tuple[BenchReport, list[Rollout]]:
-    """Every task `samples_per_task` times, `max_workers` episodes at once; the report and the rollouts."""
-    groups = collect_groups(policy_factory, tasks, samples_per_task, limits, tools, sandbox, max_workers=max_workers)
+    """Every task `samples_per_task` times, `max_workers` episodes at once; the report and the rollouts.
+
+    A policy with seeded episode streams (`HFPolicy.episode`) samples sample j of task t from the
+    streams named "t/j", so the eval repeats under the policy's seed, and two checkpoints evaluated
+    with the same seed are compared on common random numbers (see `carl.policy.hf.EpisodeStream`)."""
+    groups = collect_groups(episode_policies(policy, tasks, samples_per_task), tasks, samples_per_task, limits,
+                            tools, sandbox, max_workers=max_workers)
     rollouts = [r for g in groups for r in g]
     return build_report(name, [to_sample(r) for r in rollouts], k=samples_per_task), rollouts
+
+
+def episode_policies(policy: Any, tasks: list[TaskRecord], samples_per_task: int) -> Callable[[int], Any]:
+    """`collect_groups`'s policy factory: episode i is sample i % n of task i // n (its order of jobs)."""
+    if not hasattr(policy, "episode"):  # scripted, chat and endpoint policies: one shared policy
+        return lambda i: policy
+    return lambda i: policy.episode(f"{tasks[i // samples_per_task].instance_id}/{i % samples_per_task}")
 
 
 def to_sample(r: Rollout) -> Sample:

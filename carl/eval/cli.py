@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-turns", type=int, default=None, help="(default 12)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="(default 512)")
     p.add_argument("--tools", default="", help="comma-separated tool names (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the sampler")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the sampler: each episode draws from its own stream (task, sample, turn), so the same seed repeats an eval, and two checkpoints scored with one seed share their random numbers")
     p.add_argument("--out", default="eval_report.json", help="where to write the JSON report")
     p.set_defaults(func=run)
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                                                   ("max_new_tokens", args.max_new_tokens)) if v is not None})
     policy = _policy(args, run)
     console = Console()
-    report, _ = evaluate(Path(args.checkpoint or args.policy).name, lambda i: policy, tasks, args.samples, limits,
+    report, _ = evaluate(Path(args.checkpoint or args.policy).name, policy, tasks, args.samples, limits,
                          tools, SandboxConfig(backend=args.sandbox),
                          max_workers=run.rollout.concurrency if run is not None else 16)
     console.print(render_table(report))

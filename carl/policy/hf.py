@@ -18,6 +18,7 @@ contexts within budget through self-summarisation).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import threading
 from collections.abc import Mapping, Sequence
@@ -130,8 +131,12 @@ class HFPolicy:
         self._update_lock = threading.Lock()  # one _between_generations block at a time
         self._batcher = RequestBatcher(self._run, config.batch_wait_s)
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> Generation:
-        """Sample up to `max_new_tokens` ids after `prompt_ids`, stopping after any id in `stop_ids`."""
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
+                 seed: int | None = None) -> Generation:
+        """Sample up to `max_new_tokens` ids after `prompt_ids`, stopping after any id in `stop_ids`.
+
+        `seed` seeds this request's generator; by default it comes from the policy's seed, its weights
+        version and the request's arrival number (`episode` gives seeds that do not depend on arrival)."""
         if not prompt_ids:
             raise ValueError("prompt_ids: expected at least one token, got an empty prompt")
         if max_new_tokens < 1:
@@ -139,11 +144,17 @@ class HFPolicy:
         with self._ids_lock:
             request_id = next(self._request_ids)
         generator = torch.Generator(device=self.config.device)
-        # the weights version is part of the seed: a run resumed at version v never replays the
-        # random streams that the requests of version 0 used
-        generator.manual_seed((self.config.seed * 1_000_003 + self.policy_version) * 1_000_033 + request_id)
+        if seed is None:  # the weights version is part of the seed: a run resumed at version v never
+            # replays the random streams that the requests of version 0 used
+            seed = (self.config.seed * 1_000_003 + self.policy_version) * 1_000_033 + request_id
+        generator.manual_seed(seed)
         request = Request(request_id, list(prompt_ids), max_new_tokens, frozenset(stop_ids), generator)
         return self._batcher.submit(request)
+
+    def episode(self, key: str) -> EpisodeStream:
+        """A view of this policy for one episode whose turns sample from streams named by (seed, `key`,
+        turn), not by arrival order; see `EpisodeStream`."""
+        return EpisodeStream(self, key)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Load new weights (cast to the inference dtype) between batches; returns the new version.
@@ -252,3 +263,37 @@ def pad_token_id(tokenizer: Any) -> int:
         if tid is not None:
             return int(tid)
     return 0
+
+
+class EpisodeStream:
+    """One episode's view of an `HFPolicy`: turn t of episode `key` samples with the generator seed
+    `stream_seed(policy seed, key, t)`, whatever other episodes share the batch, whenever it arrives,
+    and whichever weights are loaded.
+
+    Evaluation uses it (`carl.eval.bench.evaluate`), so an eval repeats under the same seed, and two
+    checkpoints evaluated with the same seed draw the same uniform numbers for the same episode and
+    turn (common random numbers). With inverse-CDF sampling (`carl.policy.batching.sample_tokens`) a
+    token differs between the two only where their distributions differ around that number, so
+    episodes stay identical until the checkpoints disagree, and the difference of two pass rates is
+    less noisy than that of two independent evals. Batch composition can still move logits in the
+    last bits (padding changes matmul shapes), so "identical" means up to those ties.
+    """
+
+    def __init__(self, policy: HFPolicy, key: str):
+        self.policy, self.key, self.turns = policy, key, 0
+        self.tokenizer = policy.tokenizer
+
+    @property
+    def policy_version(self) -> int:
+        return self.policy.policy_version
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> Generation:
+        seed = stream_seed(self.policy.config.seed, self.key, self.turns)
+        self.turns += 1
+        return self.policy.generate(prompt_ids, max_new_tokens, stop_ids, seed=seed)
+
+
+def stream_seed(seed: int, key: str, turn: int) -> int:
+    """A 63-bit generator seed named by (seed, key, turn): stable across processes and Python versions."""
+    digest = hashlib.blake2b(f"{seed}/{key}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1

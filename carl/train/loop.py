@@ -216,7 +216,7 @@ def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, console,
 def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools, console, log, step: int) -> dict:
     status = f"evaluating {name} on {len(tasks)} held-out tasks x {cfg.eval.samples_per_task}"
     with console.status(status), policy.sampling(cfg.eval.temperature):
-        report, rollouts = evaluate(name, lambda i: policy, tasks, cfg.eval.samples_per_task, limits, tools,
+        report, rollouts = evaluate(name, policy, tasks, cfg.eval.samples_per_task, limits, tools,
                                     cfg.sandbox, max_workers=cfg.rollout.concurrency)
     for i, r in enumerate(rollouts):  # every held-out episode, to read what the checkpoint gets wrong
         verdict = "pass" if r.passed else ("infra" if not r.valid else "fail")

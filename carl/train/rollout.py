@@ -65,7 +65,8 @@ def collect_groups(
 ) -> list[list[Rollout]]:
     """Run `group_size` episodes of every task concurrently; returns one group per task.
 
-    `policy_factory(i)` gives the policy of episode i: the shared batched token policy for RL,
+    `policy_factory(i)` gives the policy of episode i (sample i % group_size of task i // group_size):
+    the shared batched token policy for RL, keyed episode streams for evaluation,
     or a fresh scripted expert per episode for warm-start data. `tool_error_cost` is subtracted
     from a rollout's reward per failed tool call (see `tool_error_penalty`); with `require_finish`
     an episode that ends without a finish call is a fail, whatever its tests say.
