@@ -9,7 +9,8 @@ and RL checkpoints inside `carl train`, and any OpenAI-compatible endpoint.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from carl.eval.report import BenchReport, Sample, build_report
 from carl.harness.agent import EpisodeLimits

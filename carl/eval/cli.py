@@ -23,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="(default 512)")
     p.add_argument("--tools", default="", help="comma-separated tool names (default: all)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seeds the sampler: each episode draws from its own stream (task, sample, turn), so the same seed repeats an eval, and two checkpoints scored with one seed share their random numbers")
+                   help="seeds the sampler: each episode draws from its own stream (task, sample, turn), so "
+                        "the same seed repeats an eval, and two checkpoints scored with one seed share their "
+                        "random numbers")
     p.add_argument("--out", default="eval_report.json", help="where to write the JSON report")
     p.set_defaults(func=run)
 
