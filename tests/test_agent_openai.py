@@ -98,3 +98,33 @@ def test_episode_over_the_endpoint_and_endpoint_down_is_policy_error():
     traj = run_episode(policy(down, max_retries=1), FakeSandbox(), TextTask("t", "look"), EpisodeLimits(),
                        tools=file_tools())
     assert traj.stop_reason == StopReason.POLICY_ERROR and "is the server running?" in traj.error
+
+
+def test_episode_views_send_seeds_named_by_seed_key_and_turn():
+    """Eval episodes over an endpoint carry per-turn seeds (`carl.policy.streams`): the same episode
+    key repeats its seeds, another key or seed does not; a policy without a seed sends none."""
+    server = FakeServer(["a"] * 10)
+    p = policy(server, seed=5)
+    for key in ("t/0", "t/0", "t/1"):
+        ep = p.episode(key)
+        ep.chat([Message("user", "u")], 8)
+        ep.chat([Message("user", "u")], 8)
+    seeds = [r["seed"] for r in server.requests]
+    assert seeds[:2] == seeds[2:4] and seeds[0] != seeds[1]  # turn 0 and 1 of "t/0", twice
+    assert set(seeds[4:]).isdisjoint(seeds[:4]) and all(0 <= s < 2**31 for s in seeds)
+    policy(server, seed=6).episode("t/0").chat([Message("user", "u")], 8)
+    assert server.requests[-1]["seed"] != seeds[0]
+    unseeded = policy(server)
+    assert unseeded.episode("t/0") is unseeded
+    unseeded.chat([Message("user", "u")], 8)
+    assert "seed" not in server.requests[-1]
+
+
+def test_carl_eval_passes_temperature_and_seed_to_the_endpoint():
+    import argparse
+
+    from carl.eval.cli import _policy
+
+    p = _policy(argparse.Namespace(policy="openai:http://127.0.0.1:9/v1#m", temperature=0.7, seed=3))
+    assert (p.temperature, p.seed, p.model) == (0.7, 3, "m")
+    p.close()

@@ -9,7 +9,8 @@ from carl.errors import UserError
 from carl.harness.policies import TokenPolicy
 from carl.policy import smollm2
 from carl.policy.batching import top_p_filter
-from carl.policy.hf import HFPolicy, HFPolicyConfig, stream_seed
+from carl.policy.hf import HFPolicy, HFPolicyConfig
+from carl.policy.streams import stream_seed
 from carl.rl.logprobs import sequence_logprobs
 
 PROMPTS = [[1, 5, 9, 12, 40, 41, 42, 7], [1, 7, 3], [1, 20, 21, 22, 23, 24], [1, 2]]

@@ -27,7 +27,7 @@ def evaluate(name: str, policy: Any, tasks: list[TaskRecord], samples_per_task: 
 
     A policy with seeded episode streams (`HFPolicy.episode`) samples sample j of task t from the
     streams named "t/j", so the eval repeats under the policy's seed, and two checkpoints evaluated
-    with the same seed are compared on common random numbers (see `carl.policy.hf.EpisodeStream`)."""
+    with the same seed are compared on common random numbers (see `carl.policy.streams`)."""
     groups = collect_groups(episode_policies(policy, tasks, samples_per_task), tasks, samples_per_task, limits,
                             tools, sandbox, max_workers=max_workers)
     rollouts = [r for g in groups for r in g]

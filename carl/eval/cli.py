@@ -105,7 +105,7 @@ def _policy(args, run=None):
     if args.policy:
         from carl.harness.cli import parse_policy
 
-        return parse_policy(args.policy)
+        return parse_policy(args.policy, temperature=args.temperature, seed=args.seed)
     path = Path(args.checkpoint)
     if (path / "model" / "config.json").is_file():
         path = path / "model"

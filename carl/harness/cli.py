@@ -77,8 +77,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if traj.stop_reason.is_infra_failure else 0
 
 
-def parse_policy(spec: str) -> Any:
-    """`openai:URL#MODEL` -> OpenAIChatPolicy, `scripted:FILE` -> ScriptedChatPolicy."""
+def parse_policy(spec: str, temperature: float = 0.0, seed: int | None = None) -> Any:
+    """`openai:URL#MODEL` -> OpenAIChatPolicy (sampling at `temperature`, episode streams named by
+    `seed`), `scripted:FILE` -> ScriptedChatPolicy."""
     scheme, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise UserError(f"--policy: got {spec!r}, expected {POLICY_SCHEMES}")
@@ -94,5 +95,5 @@ def parse_policy(spec: str) -> Any:
             raise UserError(f"--policy: got URL {url!r}, expected http://... or https://... (e.g. http://127.0.0.1:8000/v1)")
         from carl.policy.openai_client import OpenAIChatPolicy
 
-        return OpenAIChatPolicy(url, model)
+        return OpenAIChatPolicy(url, model, temperature=temperature, seed=seed)
     raise UserError(f"--policy: unknown scheme {scheme!r} in {spec!r}; expected {POLICY_SCHEMES}")

@@ -18,7 +18,6 @@ contexts within budget through self-summarisation).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import threading
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ from carl.policy.batching import (
     decode_loop,
 )
 from carl.policy.prefix_cache import PrefixCache
+from carl.policy.streams import EpisodeStream
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -153,8 +153,8 @@ class HFPolicy:
 
     def episode(self, key: str) -> EpisodeStream:
         """A view of this policy for one episode whose turns sample from streams named by (seed, `key`,
-        turn), not by arrival order; see `EpisodeStream`."""
-        return EpisodeStream(self, key)
+        turn), not by arrival order (`carl.policy.streams`)."""
+        return EpisodeStream(self, self.config.seed, key)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Load new weights (cast to the inference dtype) between batches; returns the new version.
@@ -264,36 +264,3 @@ def pad_token_id(tokenizer: Any) -> int:
             return int(tid)
     return 0
 
-
-class EpisodeStream:
-    """One episode's view of an `HFPolicy`: turn t of episode `key` samples with the generator seed
-    `stream_seed(policy seed, key, t)`, whatever other episodes share the batch, whenever it arrives,
-    and whichever weights are loaded.
-
-    Evaluation uses it (`carl.eval.bench.evaluate`), so an eval repeats under the same seed, and two
-    checkpoints evaluated with the same seed draw the same uniform numbers for the same episode and
-    turn (common random numbers). With inverse-CDF sampling (`carl.policy.batching.sample_tokens`) a
-    token differs between the two only where their distributions differ around that number, so
-    episodes stay identical until the checkpoints disagree, and the difference of two pass rates is
-    less noisy than that of two independent evals. Batch composition can still move logits in the
-    last bits (padding changes matmul shapes), so "identical" means up to those ties.
-    """
-
-    def __init__(self, policy: HFPolicy, key: str):
-        self.policy, self.key, self.turns = policy, key, 0
-        self.tokenizer = policy.tokenizer
-
-    @property
-    def policy_version(self) -> int:
-        return self.policy.policy_version
-
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> Generation:
-        seed = stream_seed(self.policy.config.seed, self.key, self.turns)
-        self.turns += 1
-        return self.policy.generate(prompt_ids, max_new_tokens, stop_ids, seed=seed)
-
-
-def stream_seed(seed: int, key: str, turn: int) -> int:
-    """A 63-bit generator seed named by (seed, key, turn): stable across processes and Python versions."""
-    digest = hashlib.blake2b(f"{seed}/{key}/{turn}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1

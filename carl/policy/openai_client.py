@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from carl.policy.streams import EpisodeChat
 from carl.types import Message
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -42,10 +43,12 @@ class OpenAIChatPolicy:
         max_retries: int = 4,
         backoff_s: float = 1.0,
         transport: httpx.BaseTransport | None = None,
+        seed: int | None = None,
     ):
         """`base_url` ends in `/v1` (e.g. http://127.0.0.1:8000/v1); `api_key` defaults to
         $OPENAI_API_KEY when set (local servers usually need none); `transport` lets tests
-        serve requests in-process."""
+        serve requests in-process; `seed` names the random streams of `episode` views (None: no
+        seed is sent, and the server samples as it likes)."""
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url: got {base_url!r}, expected an http(s) URL such as http://127.0.0.1:8000/v1")
         if not model:
@@ -60,11 +63,13 @@ class OpenAIChatPolicy:
         self.top_p = top_p
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.seed = seed
         api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
 
-    def chat(self, messages: list[Message], max_new_tokens: int) -> str:
+    def chat(self, messages: list[Message], max_new_tokens: int, seed: int | None = None) -> str:
+        """The assistant's reply; `seed` is sent as the request's sampling seed when given."""
         body = {
             "model": self.model,
             "messages": [{"role": "user" if m.role == "tool" else m.role, "content": m.content} for m in messages],
@@ -72,12 +77,19 @@ class OpenAIChatPolicy:
             "temperature": self.temperature,
             "top_p": self.top_p,
         }
+        if seed is not None:
+            body["seed"] = seed
         data = self._post(body)
         try:
             content = data["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise PolicyError(f"{self.url}: response is not a chat completion: {str(data)[:300]}") from None
         return content or ""  # some servers send null content for an empty reply
+
+    def episode(self, key: str) -> OpenAIChatPolicy | EpisodeChat:
+        """One episode's view whose requests carry seeds named by (seed, `key`, turn)
+        (`carl.policy.streams`); this policy itself when it has no seed."""
+        return self if self.seed is None else EpisodeChat(self, self.seed, key)
 
     def _post(self, body: dict[str, Any]) -> Any:
         for attempt in range(self.max_retries + 1):
