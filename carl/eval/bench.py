@@ -36,7 +36,7 @@ def evaluate(name: str, policy: Any, tasks: list[TaskRecord], samples_per_task: 
 
 def episode_policies(policy: Any, tasks: list[TaskRecord], samples_per_task: int) -> Callable[[int], Any]:
     """`collect_groups`'s policy factory: episode i is sample i % n of task i // n (its order of jobs)."""
-    if not hasattr(policy, "episode"):  # scripted, chat and endpoint policies: one shared policy
+    if not hasattr(policy, "episode"):  # scripted policies: one shared policy
         return lambda i: policy
     return lambda i: policy.episode(f"{tasks[i // samples_per_task].instance_id}/{i % samples_per_task}")
 
