@@ -36,7 +36,9 @@ def main() -> None:
     p.add_argument("first", type=Path, help="a finished `carl train` run directory (with its step-0 checkpoint)")
     p.add_argument("--tasks", type=int, default=4, help="RL tasks to fit (one per repo in turn)")
     p.add_argument("--samples", type=int, default=8, help="eval samples per task, before and after RL")
-    p.add_argument("--seed", type=int, default=7, help="sampler seed of the warm start's eval")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampler seed of the warm start's eval (default: the run's seed, which the RL checkpoint's "
+                        "eval inside `carl train` uses, so the two are paired on common random numbers)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of the finished run's config")
     args = p.parse_intermixed_args()  # overrides may follow the options
@@ -60,7 +62,8 @@ def main() -> None:
     warm = args.out / "fit_warm.json"
     if not warm.exists():
         code = carl(["eval", "--checkpoint", str(args.out / "checkpoints" / "step_000000"), "--tasks", str(subset),
-                     "--run-config", str(args.out / "fit_config.toml"), "--seed", str(args.seed), "--out", str(warm)])
+                     "--run-config", str(args.out / "fit_config.toml"),
+                     "--seed", str(cfg.seed if args.seed is None else args.seed), "--out", str(warm)])
         if code:
             raise SystemExit(f"the warm start's eval failed (exit {code})")
         use_as_warm_start_eval(args.out, json.loads(warm.read_text()))
@@ -107,7 +110,7 @@ def use_as_warm_start_eval(run_dir: Path, report: dict) -> None:
 
 def print_summary(run_dir: Path, warm_path: Path) -> None:
     warm = json.loads(warm_path.read_text())
-    after = json.loads(sorted((run_dir / "eval").glob("step*.json"))[-1].read_text())
+    after = json.loads(max((run_dir / "eval").glob("step*.json")).read_text())
     passes = {t["task_id"]: [t["passed"], t["n"]] for t in warm["tasks"]}
     for t in after["tasks"]:
         passes.setdefault(t["task_id"], [0, 0]).extend([t["passed"], t["n"]])

@@ -48,3 +48,47 @@ def test_print_summary_compares_each_task_before_and_after(tmp_path, capsys):
     assert "pass@1 0.438 (warm start) -> 0.875 (after RL)" in out
     assert "a: 4/8 -> 8/8" in out and "b: 3/8 -> 6/8" in out
     assert "per step: 0.50 0.75" in out
+
+
+_tspec = importlib.util.spec_from_file_location("transfer", Path(__file__).parents[1] / "benchmarks" / "transfer.py")
+transfer = importlib.util.module_from_spec(_tspec)
+_tspec.loader.exec_module(transfer)
+
+
+def test_transfer_picks_tasks_by_template_and_a_control_that_spans_the_others():
+    def task(i: str, name: str) -> TaskRecord:
+        return TaskRecord(instance_id=i, repo=i[:2], deleted_symbols=(f"pkg.numbers:{name}",))
+
+    assert transfer.template(task("r1__0", "square_plus_price")) == "square_plus"
+    rl = [task("r1__0", "add_price"), task("r1__1", "sub_score"), task("r2__0", "add_level")]
+    held = [task("h1__0", "add_name"), task("h1__1", "mod_name"), task("h2__0", "mod_label"),
+            task("h2__1", "upper_token"), task("h3__0", "upper_value")]
+    rl_set, same, control = transfer.pick(rl, held, ["add"], control=3)
+    assert [t.instance_id for t in rl_set] == ["r1__0", "r2__0"]
+    assert [t.instance_id for t in same] == ["h1__0"]
+    assert [t.instance_id for t in control] == ["h1__1", "h2__1", "h2__0"]  # mod, upper, then mod again
+    assert transfer.pick(rl, held, ["add"], control=0)[2] == []
+
+
+def test_transfer_summary_pairs_the_two_evals_per_group_and_template(tmp_path, capsys):
+    from carl.tasks import write_tasks
+
+    names = {"h1": "add_price", "h2": "add_name", "h3": "mod_label"}
+    write_tasks(tmp_path / "transfer_eval.jsonl",
+                [TaskRecord(instance_id=i, repo=i, deleted_symbols=(f"p.m:{n}",)) for i, n in names.items()])
+
+    def report(path: Path, outcomes: dict[str, str]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tasks = [{"task_id": t, "n": len(o), "infra_failures": 0, "outcomes": o, "digests": list(o)}
+                 for t, o in outcomes.items()]
+        path.write_text(json.dumps({"tasks": tasks}))
+
+    report(tmp_path / "transfer_warm.json", {"h1": "0011", "h2": "0000", "h3": "1100"})
+    report(tmp_path / "eval" / "step000008.json", {"h1": "1111", "h2": "0001", "h3": "1100"})
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "rl/pass_rate": 0.25}) + "\n")
+    transfer.print_summary(tmp_path, tmp_path / "transfer_warm.json", ["add"])
+    out = capsys.readouterr().out
+    assert "same templates" in out and "0.250 -> 0.625  +0.375" in out  # h1 0.5 -> 1.0, h2 0 -> 0.25
+    assert "other templates (control)" in out and "0.500 -> 0.500  +0.000" in out
+    saved = json.loads((tmp_path / "transfer.json").read_text())
+    assert saved["groups"]["same templates"]["tasks_better"] == 2 and saved["rl_pass_rate"] == [0.25]

@@ -132,12 +132,14 @@ def test_eval_samples_each_episode_from_its_own_stream_and_repeats(micro_tasks, 
     monkeypatch.setattr(HFPolicy, "episode", lambda self, key: keys.append(key) or episode(self, key))
     task_id = json.loads(micro_tasks.read_text().splitlines()[0])["instance_id"]
     reports = []
-    for i, seed in enumerate(("5", "5")):
+    for i, seed in enumerate(("5", "5", "6")):
         out = tmp_path / f"r{i}.json"
         assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--sandbox", "local",
                      "--samples", "3", "--max-turns", "2", "--max-new-tokens", "24", "--tools", "read_file,finish",
                      "--temperature", "1.0", "--seed", seed, "--out", str(out)]) == 0
         reports.append(json.loads(out.read_text())["tasks"][0])
-    assert sorted(keys) == sorted([f"{task_id}/{j}" for j in range(3)] * 2)
-    for field in ("mean_tokens", "mean_tool_calls", "passed"):
+    assert sorted(keys) == sorted([f"{task_id}/{j}" for j in range(3)] * 3)
+    for field in ("mean_tokens", "mean_tool_calls", "passed", "outcomes", "digests"):
         assert reports[0][field] == reports[1][field], field
+    assert len(reports[0]["outcomes"]) == 3 and len(set(reports[0]["digests"])) == 3  # three different episodes
+    assert not set(reports[0]["digests"]) & set(reports[2]["digests"])  # another seed: other episodes

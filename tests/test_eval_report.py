@@ -71,3 +71,25 @@ def test_infra_errors_say_why_unscored_samples_failed_per_task_overall_and_under
     caption = render_table(r).caption
     assert caption.startswith("3 samples failed in the infrastructure") and f"2x {missing}" in caption
     assert render_table(build_report("t", s[2:3], k=1)).caption is None  # nothing failed: no caption
+
+
+def test_outcomes_and_digests_list_each_sample_in_order_with_infra_failures_marked():
+    s = [
+        Sample("a", True, 1.0, 10, 3, 0, 1.0, digest="d1"),
+        Sample("a", False, 0.0, 0, 0, 0, 0.0, infra_failure=True, digest="d2"),
+        Sample("a", False, 0.0, 10, 3, 0, 1.0, digest="d3"),
+        Sample("b", False, 0.0, 10, 3, 0, 1.0, digest="d4"),
+    ]
+    r = build_report("t", s, k=1).to_dict()
+    assert [(t["outcomes"], t["digests"]) for t in r["tasks"]] == [("1x0", ["d1", "d2", "d3"]), ("0", ["d4"])]
+
+
+def test_episode_digest_tells_apart_what_the_policy_wrote():
+    from carl.eval.bench import episode_digest
+    from carl.types import Trajectory, Turn
+
+    def traj(*texts):
+        return Trajectory(task_id="t", turns=[Turn(assistant=x) for x in texts])
+
+    assert episode_digest(traj("a", "b")) == episode_digest(traj("a", "b"))
+    assert len({episode_digest(traj("a", "b")), episode_digest(traj("ab")), episode_digest(traj("a", "c"))}) == 3

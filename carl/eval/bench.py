@@ -9,6 +9,7 @@ and RL checkpoints inside `carl train`, and any OpenAI-compatible endpoint.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -54,4 +55,14 @@ def to_sample(r: Rollout) -> Sample:
         infra_failure=not r.valid,
         error=infra_error(r),
         stop_reason=t.stop_reason.value,
+        digest=episode_digest(r.trajectory),
     )
+
+
+def episode_digest(trajectory) -> str:
+    """12 hex digits of a hash of the episode's assistant messages: two checkpoints scored on common
+    random numbers (`evaluate`) wrote the same episode exactly when their digests are equal."""
+    h = hashlib.blake2b(digest_size=6)
+    for turn in trajectory.turns:
+        h.update(turn.assistant.encode() + b"\0")
+    return h.hexdigest()

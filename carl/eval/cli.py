@@ -1,4 +1,5 @@
-"""`carl eval --checkpoint DIR --tasks FILE`: pass@1, pass@k, tokens, tool calls, wall time per task."""
+"""`carl eval --checkpoint DIR --tasks FILE`: pass@1, pass@k, tokens, tool calls, wall time per task.
+`carl compare A.json B.json`: two such reports of the same tasks, sample by sample (carl.eval.paired)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,46 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "random numbers")
     p.add_argument("--out", default="eval_report.json", help="where to write the JSON report")
     p.set_defaults(func=run)
+    c = sub.add_parser("compare", help="difference of two eval reports, sample by sample, with its standard error")
+    c.add_argument("a", help="the baseline's report (carl eval --out), e.g. the warm start's")
+    c.add_argument("b", help="the report to compare with it, scored with the same --seed for a paired comparison")
+    c.set_defaults(func=compare)
+
+
+def compare(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from carl.errors import UserError
+    from carl.eval.paired import paired_difference
+
+    reports = []
+    for name, path in (("a", args.a), ("b", args.b)):
+        try:
+            reports.append(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"{name}: {path!r} is not a readable eval report ({type(e).__name__}: {e})") from e
+        if not isinstance(reports[-1], dict) or not isinstance(reports[-1].get("tasks"), list):
+            raise UserError(f"{name}: {path!r} has no 'tasks' list (expected the JSON of `carl eval --out`)")
+    try:
+        d = paired_difference(*reports)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    changed = Table(title="tasks whose pass rate changed (passes / paired samples)")
+    for col in ("task", "a", "b"):
+        changed.add_column(col, justify="left" if col == "task" else "right")
+    for task_id, passes_a, passes_b, n in d.per_task:
+        if passes_a != passes_b:
+            changed.add_row(task_id, f"{passes_a}/{n}", f"{passes_b}/{n}")
+    console = Console()
+    console.print(changed)
+    print(f"pass@1 {d.pass_a:.3f} -> {d.pass_b:.3f}: {d.diff:+.3f} ± {d.se_paired:.3f} (paired standard "
+                  f"error; {d.se_independent:.3f} had the evals drawn independent random numbers) over {d.tasks} "
+                  f"tasks and {d.pairs} paired samples; {d.tasks_better} tasks better, {d.tasks_worse} worse; "
+                  f"{d.identical} episodes identical, {d.agree} with the same outcome")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ class Sample:
     infra_failure: bool = False
     stop_reason: str = ""
     error: str = ""  # why its infrastructure failed (one line), when it did
+    digest: str = ""  # a hash of what the policy wrote: equal digests, identical episodes
 
 
 @dataclass
@@ -56,6 +57,8 @@ class TaskReport:
     finish_rate: float = 0.0  # episodes that ended with a finish call (not the turn, token or time limit)
     stop_reasons: dict[str, int] = field(default_factory=dict)  # why its scored episodes ended, counted
     infra_errors: dict[str, int] = field(default_factory=dict)  # why its unscored ones failed, counted
+    outcomes: str = ""  # per sample in sample order: "1" passed, "0" failed, "x" infrastructure failure
+    digests: list[str] = field(default_factory=list)  # per sample in sample order (Sample.digest)
 
 
 @dataclass
@@ -127,6 +130,8 @@ def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
                 finish_rate=_mean([s.stop_reason == "finished" for s in ok]),
                 stop_reasons=dict(Counter(s.stop_reason for s in ok)),
                 infra_errors=dict(Counter(s.error for s in group if s.infra_failure)),
+                outcomes="".join("x" if s.infra_failure else str(int(s.passed)) for s in group),
+                digests=[s.digest for s in group],
             )
         )
     return report

@@ -1,0 +1,93 @@
+"""Paired comparison of two eval reports of the same tasks: the difference of pass@1 and its noise.
+
+    report A, report B (JSON of `BenchReport.to_dict`, per-task `outcomes` in sample order)
+        --> per task: mean of B_j - A_j over the samples j scored in both
+        --> difference of pass@1 (task-weighted, like pass@1), its standard error as paired and as if
+            the two evals had drawn independent random numbers, and how many episodes were identical
+
+Two checkpoints scored with one sampler seed share their random numbers (`carl.eval.bench.evaluate`),
+so sample j of a task is the same episode under both until the checkpoints disagree. The variance of
+the difference of such paired samples is Var(A) + Var(B) - 2 Cov(A, B), and the covariance is what
+common random numbers buy. Both standard errors count sampling noise only, for these tasks: the
+within-task variance of the samples, divided by their number, averaged over tasks as pass@1 is.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PairedDiff:
+    tasks: int  # tasks with at least one sample scored in both reports
+    pairs: int  # samples scored in both
+    pass_a: float  # pass@1 of A over those pairs (task-weighted)
+    pass_b: float
+    diff: float  # pass_b - pass_a
+    se_paired: float  # standard error of diff from the pairs' own spread
+    se_independent: float  # ... had the two evals drawn independent random numbers
+    identical: int  # pairs whose episodes were identical (equal digests)
+    agree: int  # pairs with the same outcome
+    tasks_better: int  # tasks whose pass rate rose from A to B
+    tasks_worse: int
+    per_task: tuple[tuple[str, int, int, int], ...] = ()  # (task id, passes of A, passes of B, pairs)
+
+    @property
+    def variance_ratio(self) -> float:
+        """Var(independent) / Var(paired): how many times the samples an unpaired comparison needs."""
+        return (self.se_independent / self.se_paired) ** 2 if self.se_paired > 0 else math.inf
+
+
+def paired_difference(a: dict[str, Any], b: dict[str, Any]) -> PairedDiff:
+    """Compare report `b` with report `a` sample by sample (see the module docstring).
+
+    Both must come from evals that recorded per-sample outcomes (reports since 2026-11-27)."""
+    by_id = {t["task_id"]: t for t in b["tasks"]}
+    task_diffs, var_paired, var_indep = [], [], []
+    pass_a, pass_b = [], []
+    pairs = identical = agree = better = worse = 0
+    per_task = []
+    for ta in a["tasks"]:
+        tb = by_id.get(ta["task_id"])
+        if tb is None:
+            continue
+        for name, t in (("a", ta), ("b", tb)):
+            if len(t.get("outcomes", "")) != t["n"] + t["infra_failures"]:
+                raise ValueError(f"report {name}, task {t['task_id']}: no per-sample outcomes "
+                                 f"(got outcomes={t.get('outcomes')!r} for {t['n']} scored samples); "
+                                 "re-run the eval with a carl that records them")
+        both = [j for j, (x, y) in enumerate(zip(ta["outcomes"], tb["outcomes"])) if x != "x" and y != "x"]
+        if not both:
+            continue
+        xa = [int(ta["outcomes"][j]) for j in both]
+        xb = [int(tb["outcomes"][j]) for j in both]
+        d = [y - x for x, y in zip(xa, xb)]
+        n = len(both)
+        task_diffs.append(statistics.fmean(d))
+        pass_a.append(statistics.fmean(xa))
+        pass_b.append(statistics.fmean(xb))
+        var_paired.append(_var(d) / n)
+        var_indep.append((_var(xa) + _var(xb)) / n)
+        pairs += n
+        agree += sum(x == y for x, y in zip(xa, xb))
+        digests_a, digests_b = ta.get("digests") or [], tb.get("digests") or []
+        identical += sum(1 for j in both if j < min(len(digests_a), len(digests_b))
+                         and digests_a[j] and digests_a[j] == digests_b[j])
+        per_task.append((ta["task_id"], sum(xa), sum(xb), n))
+        better += pass_b[-1] > pass_a[-1]
+        worse += pass_b[-1] < pass_a[-1]
+    if not task_diffs:
+        raise ValueError("the two reports share no task with a sample scored in both")
+    k = len(task_diffs)
+    return PairedDiff(tasks=k, pairs=pairs, pass_a=statistics.fmean(pass_a), pass_b=statistics.fmean(pass_b),
+                      diff=statistics.fmean(task_diffs), se_paired=math.sqrt(sum(var_paired)) / k,
+                      se_independent=math.sqrt(sum(var_indep)) / k, identical=identical, agree=agree,
+                      tasks_better=better, tasks_worse=worse, per_task=tuple(per_task))
+
+
+def _var(xs: list[int]) -> float:
+    """Unbiased sample variance; 0 for a single sample (it has no spread to estimate)."""
+    return statistics.variance(xs) if len(xs) > 1 else 0.0
