@@ -19,9 +19,25 @@ class VersionedPolicy:
         raise AssertionError("never reached: the sandbox cannot open")
 
 
+def test_each_episode_gets_the_policy_of_its_task_and_sample(tmp_path):
+    tasks = [TaskRecord(instance_id=f"t{k}", repo="r", broken_repo=str(tmp_path / "missing")) for k in range(3)]
+    asked: list[tuple[int, int]] = []
+
+    class Versioned(VersionedPolicy):
+        def __init__(self, t, j):
+            asked.append((t, j))
+            self.policy_version = 10 * t + j  # each rollout records the version of the policy that ran it
+
+    groups = collect_groups(Versioned, tasks, 2, EpisodeLimits(max_turns=2), {}, SandboxConfig(backend="local"),
+                            max_workers=4)
+    assert sorted(asked) == [(t, j) for t in range(3) for j in range(2)]
+    assert [[(r.task.instance_id, r.trajectory.policy_version) for r in g] for g in groups] == [
+        [("t0", 0), ("t0", 1)], [("t1", 10), ("t1", 11)], [("t2", 20), ("t2", 21)]]
+
+
 def test_crashed_episode_is_invalid_not_zero(tmp_path):
     task = TaskRecord(instance_id="t1", repo="r", broken_repo=str(tmp_path / "missing"))
-    groups = collect_groups(lambda i: VersionedPolicy(), [task], 2, EpisodeLimits(max_turns=2), {},
+    groups = collect_groups(lambda t, j: VersionedPolicy(), [task], 2, EpisodeLimits(max_turns=2), {},
                             SandboxConfig(backend="local"))
     assert len(groups) == 1 and len(groups[0]) == 2
     for r in groups[0]:
@@ -41,7 +57,7 @@ def test_crashed_episode_is_invalid_not_zero(tmp_path):
 
 def test_require_valid_passes_when_any_rollout_is_valid(tmp_path):
     task = TaskRecord(instance_id="t1", repo="r", broken_repo=str(tmp_path / "missing"))
-    [[bad]] = collect_groups(lambda i: VersionedPolicy(), [task], 1, EpisodeLimits(max_turns=2), {},
+    [[bad]] = collect_groups(lambda t, j: VersionedPolicy(), [task], 1, EpisodeLimits(max_turns=2), {},
                              SandboxConfig(backend="local"))
     good = dataclasses.replace(bad, valid=True)
     require_valid([bad, good], "RL step 1")  # no error
@@ -79,7 +95,7 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
     limits = EpisodeLimits(max_turns=8)
 
     def rewards(mistakes, cost):
-        (group,) = collect_groups(lambda i: ExpertPolicy(task, mistakes), [task], 1, limits, tools, sandbox,
+        (group,) = collect_groups(lambda t, j: ExpertPolicy(task, mistakes), [task], 1, limits, tools, sandbox,
                                   tool_error_cost=cost)
         (r,) = group
         assert r.valid and r.passed, r.feedback
@@ -91,7 +107,7 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
     assert errors == 1 and reward == pytest.approx(0.9)
     assert rewards(ExpertMistakes(bad_call=1.0), 0.0) == (1.0, 1)  # the default charges nothing
 
-    (cut,) = collect_groups(lambda i: ExpertPolicy(task, ExpertMistakes()), [task], 1, EpisodeLimits(max_turns=1),
+    (cut,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes()), [task], 1, EpisodeLimits(max_turns=1),
                             tools, sandbox)
     assert cut[0].trajectory.stop_reason is StopReason.MAX_TURNS
     assert rollout_metrics([cut])["rl/finish_rate"] == 0.0
@@ -106,7 +122,7 @@ def test_require_finish_fails_a_passing_episode_that_never_called_finish(tmp_pat
     task, tools, sandbox = _micro_task(tmp_path, seed=1)
 
     def run(max_turns, require_finish):
-        (group,) = collect_groups(lambda i: ExpertPolicy(task, ExpertMistakes()), [task], 1,
+        (group,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes()), [task], 1,
                                   EpisodeLimits(max_turns=max_turns), tools, sandbox, require_finish=require_finish)
         (r,) = group
         return r.trajectory.stop_reason, r.passed, r.reward

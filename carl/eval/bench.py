@@ -29,17 +29,17 @@ def evaluate(name: str, policy: Any, tasks: list[TaskRecord], samples_per_task: 
     A policy with seeded episode streams (`HFPolicy.episode`) samples sample j of task t from the
     streams named "t/j", so the eval repeats under the policy's seed, and two checkpoints evaluated
     with the same seed are compared on common random numbers (see `carl.policy.streams`)."""
-    groups = collect_groups(episode_policies(policy, tasks, samples_per_task), tasks, samples_per_task, limits,
+    groups = collect_groups(episode_policies(policy, tasks), tasks, samples_per_task, limits,
                             tools, sandbox, max_workers=max_workers)
     rollouts = [r for g in groups for r in g]
     return build_report(name, [to_sample(r) for r in rollouts], k=samples_per_task), rollouts
 
 
-def episode_policies(policy: Any, tasks: list[TaskRecord], samples_per_task: int) -> Callable[[int], Any]:
-    """`collect_groups`'s policy factory: episode i is sample i % n of task i // n (its order of jobs)."""
+def episode_policies(policy: Any, tasks: list[TaskRecord]) -> Callable[[int, int], Any]:
+    """`collect_groups`'s policy factory: sample j of task t samples from the streams named "<task id>/j"."""
     if not hasattr(policy, "episode"):  # scripted policies: one shared policy
-        return lambda i: policy
-    return lambda i: policy.episode(f"{tasks[i // samples_per_task].instance_id}/{i % samples_per_task}")
+        return lambda t, j: policy
+    return lambda t, j: policy.episode(f"{tasks[t].instance_id}/{j}")
 
 
 def to_sample(r: Rollout) -> Sample:

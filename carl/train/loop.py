@@ -120,7 +120,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             policy.take_stats()  # count this step's rollouts only
             for extra in range(cfg.rollout.max_extra_batches + 1):  # dynamic sampling: until some group has signal
                 batch = [rl_tasks[order[(pos + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
-                groups += collect_groups(lambda i: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox,
+                groups += collect_groups(lambda t, j: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox,
                                          max_workers=cfg.rollout.concurrency, tool_error_cost=cfg.rl.tool_error_cost,
                                          require_finish=cfg.rl.require_finish)
                 pos += cfg.rollout.tasks_per_step

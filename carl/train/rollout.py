@@ -51,7 +51,7 @@ class Rollout:
 
 
 def collect_groups(
-    policy_factory: Callable[[int], Any],
+    policy_factory: Callable[[int, int], Any],
     tasks: list[TaskRecord],
     group_size: int,
     limits: EpisodeLimits,
@@ -65,18 +65,18 @@ def collect_groups(
 ) -> list[list[Rollout]]:
     """Run `group_size` episodes of every task concurrently; returns one group per task.
 
-    `policy_factory(i)` gives the policy of episode i (sample i % group_size of task i // group_size):
-    the shared batched token policy for RL, keyed episode streams for evaluation,
-    or a fresh scripted expert per episode for warm-start data. `tool_error_cost` is subtracted
+    `policy_factory(t, j)` gives the policy of sample j of task `tasks[t]`: the shared batched token
+    policy for RL, the episode streams named by (task, sample) for evaluation, or a fresh scripted
+    expert per episode for warm-start data. `tool_error_cost` is subtracted
     from a rollout's reward per failed tool call (see `tool_error_penalty`); with `require_finish`
     an episode that ends without a finish call is a fail, whatever its tests say.
     """
-    jobs = [(t, g) for t in tasks for g in range(group_size)]
+    jobs = [(t, j) for t in range(len(tasks)) for j in range(group_size)]
     with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs))) as pool:
         results = list(pool.map(
-            lambda ij: run_rollout(policy_factory(ij[0]), ij[1][0], limits, tools, sandbox, reward, monitor,
+            lambda tj: run_rollout(policy_factory(*tj), tasks[tj[0]], limits, tools, sandbox, reward, monitor,
                                    tool_error_cost, require_finish),
-            enumerate(jobs),
+            jobs,
         ))
     return [results[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
 

@@ -31,7 +31,7 @@ def expert_rollouts(tasks: list[TaskRecord], tokenizer: Any, num_episodes: int, 
                     seed: int) -> list[Rollout]:
     spread = round_robin_by_repo(tasks)
     chosen = [spread[i % len(spread)] for i in range(num_episodes)]
-    groups = collect_groups(lambda i: expert_token_policy(tokenizer, chosen[i], mistakes, seed=seed * 7919 + i),
+    groups = collect_groups(lambda t, j: expert_token_policy(tokenizer, chosen[t], mistakes, seed=seed * 7919 + t),
                             chosen, 1, limits, tools, sandbox)
     return [g[0] for g in groups]
 
