@@ -83,6 +83,15 @@ def test_eval_with_a_run_config_scores_as_that_run_and_flags_still_win(micro_tas
                  "--samples", "1", "--max-new-tokens", "4", "--out", str(out)]) == 0
     (task,) = json.loads(out.read_text())["tasks"]
     assert task["n"] == 1 and task["mean_tokens"] <= 4
+    assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--run-config", str(run_cfg),
+                 "--samples", "1", "--wall-time-s", "1e-9", "--out", str(out)]) == 0
+    (task,) = json.loads(out.read_text())["tasks"]
+    assert task["stop_reasons"] == {"wall_time": 1}  # the flag's limit, not the run's
+
+
+def test_eval_rejects_a_wall_time_that_is_not_positive(micro_tasks, tmp_path, capsys):
+    assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(micro_tasks), "--wall-time-s", "0"]) != 0
+    assert "--wall-time-s: got 0, expected a positive number" in capsys.readouterr().err
 
 
 def test_eval_rejects_a_missing_run_config(tmp_path, capsys):

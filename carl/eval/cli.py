@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sandbox", default=None, choices=["bwrap", "local"], help="(default bwrap)")
     p.add_argument("--max-turns", type=int, default=None, help="(default 12)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="(default 512)")
+    p.add_argument("--wall-time-s", type=float, default=None,
+                   help="an episode's time limit (default 3600). An episode cut by it fails, and how soon it is "
+                        "cut depends on the machine's load: give evals that are compared a limit they never reach")
     p.add_argument("--tools", default="", help="comma-separated tool names (default: all)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampler: each episode draws from its own stream (task, sample, turn), so "
@@ -94,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     args.sandbox = args.sandbox or "bwrap"
     if args.samples < 1:
         raise UserError(f"--samples: got {args.samples}, expected >= 1")
+    if args.wall_time_s is not None and not args.wall_time_s > 0:
+        raise UserError(f"--wall-time-s: got {args.wall_time_s:g}, expected a positive number of seconds")
     if not Path(args.tasks).is_file():
         raise UserError(f"--tasks: {args.tasks!r} does not exist")
     tasks = load_tasks(args.tasks, require_repos=True)
@@ -110,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         limits = EpisodeLimits(max_turns=12, max_new_tokens=512)
     limits = replace(limits, **{k: v for k, v in (("max_turns", args.max_turns),
-                                                  ("max_new_tokens", args.max_new_tokens)) if v is not None})
+                                                  ("max_new_tokens", args.max_new_tokens),
+                                                  ("wall_time_s", args.wall_time_s)) if v is not None})
     policy = _policy(args, run)
     console = Console()
     report, _ = evaluate(Path(args.checkpoint or args.policy).name, policy, tasks, args.samples, limits,
