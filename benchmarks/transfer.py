@@ -19,6 +19,10 @@ start on the held-out set with `carl eval` (the run's sampler seed, so that it i
 RL checkpoint's eval inside `carl train`: common random numbers, see docs/training.md) while RL
 trains beside it, then prints pass@1 before and after per group and per template, with the paired
 standard error (`carl.eval.paired`). A finished stage is reused, so an interrupted run resumes.
+Both evals run without a practical time limit per episode (`eval.wall_time_s=36000`): with the
+run's 300 s, 93 of the warm start's 196 episodes beside RL were cut by the clock, which the RL
+checkpoint, scored alone, would not have been. `rl.max_wall_s` still counts RL's time, which
+the eval beside it slows.
 
 Cost on 2 CPU cores (SmolLM2-135M, G=8 x 4 tasks): RL steps of 3.5-7 minutes, and two evals of
 (held-out tasks x --samples) episodes, the warm start's beside RL.
@@ -82,7 +86,7 @@ def main() -> None:
         write_tasks(eval_path, same + control)
     cfg = load_config(TrainConfig, args.first / "config.toml", [
         f"run_dir={args.out}", f"tasks={files['tasks']}", f"rl_tasks={rl_path}", f"eval_tasks={eval_path}",
-        f"eval.samples_per_task={args.samples}", *args.overrides])
+        f"eval.samples_per_task={args.samples}", "eval.wall_time_s=36000", *args.overrides])
     save_config(cfg, args.out / "transfer_config.toml")  # the warm start is scored as the RL checkpoint will be
     warm = args.out / "transfer_warm.json"
     scoring = None
@@ -137,9 +141,10 @@ def pick(rl: list[TaskRecord], held_out: list[TaskRecord], templates: list[str],
     return rl_set, same, picked
 
 
-def print_summary(run_dir: Path, warm_path: Path, templates: list[str]) -> None:
+def print_summary(run_dir: Path, warm_path: Path, templates: list[str], after_path: Path | None = None) -> None:
+    """Warm start vs the RL checkpoint (`after_path`, default: the run's last eval), per group and template."""
     warm = json.loads(warm_path.read_text())
-    after = json.loads(max((run_dir / "eval").glob("step*.json")).read_text())
+    after = json.loads((after_path or max((run_dir / "eval").glob("step*.json"))).read_text())
     names = {t.instance_id: template(t) for t in load_tasks(run_dir / "transfer_eval.jsonl")}
     rows: dict[str, dict] = {}
 

@@ -89,6 +89,19 @@ def test_eval_with_a_run_config_scores_as_that_run_and_flags_still_win(micro_tas
     assert task["stop_reasons"] == {"wall_time": 1}  # the flag's limit, not the run's
 
 
+def test_a_runs_eval_wall_time_replaces_its_episode_limit_in_evals_only():
+    from carl.config import load_config
+    from carl.train.config import TrainConfig
+    from carl.train.loop import episode_limits, eval_limits
+
+    run = load_config(TrainConfig, None, ["limits.wall_time_s=300"])
+    assert eval_limits(run, episode_limits(run)).wall_time_s == 300  # 0: the run's limit
+    run = load_config(TrainConfig, None, ["limits.wall_time_s=300", "eval.wall_time_s=7200"])
+    assert eval_limits(run, episode_limits(run)).wall_time_s == 7200 and episode_limits(run).wall_time_s == 300
+    with pytest.raises(Exception, match="eval.wall_time_s: got -1"):
+        load_config(TrainConfig, None, ["eval.wall_time_s=-1"])
+
+
 def test_eval_rejects_a_wall_time_that_is_not_positive(micro_tasks, tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path), "--tasks", str(micro_tasks), "--wall-time-s", "0"]) != 0
     assert "--wall-time-s: got 0, expected a positive number" in capsys.readouterr().err

@@ -23,8 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-turns", type=int, default=None, help="(default 12)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="(default 512)")
     p.add_argument("--wall-time-s", type=float, default=None,
-                   help="an episode's time limit (default 3600). An episode cut by it fails, and how soon it is "
-                        "cut depends on the machine's load: give evals that are compared a limit they never reach")
+                   help="an episode's time limit (default 3600, or the run's). An episode cut by it fails, and "
+                        "how soon it is cut depends on the machine's load: give evals that are compared a limit "
+                        "they never reach")
     p.add_argument("--tools", default="", help="comma-separated tool names (default: all)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampler: each episode draws from its own stream (task, sample, turn), so "
@@ -109,9 +110,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--tools: unknown {unknown}; expected names from {sorted(tools)}")
         tools = {k: v for k, v in tools.items() if k in args.tools.split(",")}
     if run is not None:
-        from carl.train.loop import episode_limits
+        from carl.train.loop import episode_limits, eval_limits
 
-        limits = episode_limits(run)
+        limits = eval_limits(run, episode_limits(run))
     else:
         limits = EpisodeLimits(max_turns=12, max_new_tokens=512)
     limits = replace(limits, **{k: v for k, v in (("max_turns", args.max_turns),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +214,7 @@ def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, console,
 
 
 def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools, console, log, step: int) -> dict:
+    limits = eval_limits(cfg, limits)
     status = f"evaluating {name} on {len(tasks)} held-out tasks x {cfg.eval.samples_per_task}"
     with console.status(status), policy.sampling(cfg.eval.temperature):
         report, rollouts = evaluate(name, policy, tasks, cfg.eval.samples_per_task, limits, tools,
@@ -253,6 +254,11 @@ def _rate(x: float | None) -> str:
 
 def episode_limits(cfg: TrainConfig) -> EpisodeLimits:
     return EpisodeLimits(**asdict(cfg.limits))
+
+
+def eval_limits(cfg: TrainConfig, limits: EpisodeLimits) -> EpisodeLimits:
+    """An eval episode's limits: the run's, with `eval.wall_time_s` where set."""
+    return replace(limits, wall_time_s=cfg.eval.wall_time_s) if cfg.eval.wall_time_s else limits
 
 
 def sampler_config(cfg: TrainConfig, path: str | Path, temperature: float,
