@@ -19,10 +19,9 @@ start on the held-out set with `carl eval` (the run's sampler seed, so that it i
 RL checkpoint's eval inside `carl train`: common random numbers, see docs/training.md) while RL
 trains beside it, then prints pass@1 before and after per group and per template, with the paired
 standard error (`carl.eval.paired`). A finished stage is reused, so an interrupted run resumes.
-Both evals run without a practical time limit per episode (`eval.wall_time_s=36000`): with the
-run's 300 s, 93 of the warm start's 196 episodes beside RL were cut by the clock, which the RL
-checkpoint, scored alone, would not have been. `rl.max_wall_s` still counts RL's time, which
-the eval beside it slows.
+Both evals get an episode time limit they do not reach (`eval.wall_time_s`, 3600 s by default;
+until 2026-11-27 evals had the episodes' 300 s, which cut 93 of the warm start's 196 episodes
+beside RL). `rl.max_wall_s` still counts RL's time, which the eval beside it slows.
 
 Cost on 2 CPU cores (SmolLM2-135M, G=8 x 4 tasks): RL steps of 3.5-7 minutes, and two evals of
 (held-out tasks x --samples) episodes, the warm start's beside RL.
@@ -86,7 +85,7 @@ def main() -> None:
         write_tasks(eval_path, same + control)
     cfg = load_config(TrainConfig, args.first / "config.toml", [
         f"run_dir={args.out}", f"tasks={files['tasks']}", f"rl_tasks={rl_path}", f"eval_tasks={eval_path}",
-        f"eval.samples_per_task={args.samples}", "eval.wall_time_s=36000", *args.overrides])
+        f"eval.samples_per_task={args.samples}", *args.overrides])
     save_config(cfg, args.out / "transfer_config.toml")  # the warm start is scored as the RL checkpoint will be
     warm = args.out / "transfer_warm.json"
     scoring = None

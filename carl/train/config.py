@@ -201,10 +201,11 @@ class EvalConfig:
     samples_per_task: int = 2
     """n samples per held-out task; pass@k is reported for k = n."""
     temperature: float = 0.6
-    wall_time_s: float = 0.0
-    """An eval episode's time limit; 0 = limits.wall_time_s. An episode cut by it fails, and a loaded
-    machine cuts sooner: 93 of 196 episodes of one eval beside an RL run ended at 300 s (measured), so
-    two evals to be compared should get a limit they never reach."""
+    wall_time_s: float = 3600.0
+    """An eval episode's time limit (0 = limits.wall_time_s). An episode cut by it fails, and a loaded
+    machine cuts sooner: with 300 s, 93 of 196 episodes of one eval beside an RL run were cut
+    (measured), so evals that are compared get a limit they never reach; the turn and token limits
+    bound an episode's work."""
 
     def __post_init__(self) -> None:
         if self.wall_time_s < 0:
