@@ -72,16 +72,17 @@ def main() -> None:
     print_summary(args.out, warm)
 
 
-def pick_tasks(tasks: list[TaskRecord], k: int) -> list[TaskRecord]:
-    """k tasks, one per repo in turn (repos and their tasks in id order), so that a few tasks span repos."""
-    by_repo: dict[str, list[TaskRecord]] = {}
+def pick_tasks(tasks: list[TaskRecord], k: int, key=lambda t: t.repo) -> list[TaskRecord]:
+    """k tasks, one per repo (or other `key`) in turn, keys and their tasks in id order, so that a
+    few tasks span repos."""
+    by_key: dict[str, list[TaskRecord]] = {}
     for t in sorted(tasks, key=lambda t: t.instance_id):
-        by_repo.setdefault(t.repo, []).append(t)
+        by_key.setdefault(key(t), []).append(t)
     picked: list[TaskRecord] = []
-    while len(picked) < k and any(by_repo.values()):
-        for repo in sorted(by_repo):
-            if by_repo[repo] and len(picked) < k:
-                picked.append(by_repo[repo].pop(0))
+    while len(picked) < k and any(by_key.values()):
+        for name in sorted(by_key):
+            if by_key[name] and len(picked) < k:
+                picked.append(by_key[name].pop(0))
     return picked
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit import drop_held_out_eval
+from fit import drop_held_out_eval, pick_tasks
 from learning import branch_from
 
 from carl.eval.paired import paired_difference
@@ -128,16 +128,8 @@ def pick(rl: list[TaskRecord], held_out: list[TaskRecord], templates: list[str],
     one per template in turn (templates and tasks in id order), so the control spans templates."""
     rl_set = [t for t in rl if template(t) in templates]
     same = [t for t in held_out if template(t) in templates]
-    others: dict[str, list[TaskRecord]] = {}
-    for t in sorted(held_out, key=lambda t: t.instance_id):
-        if template(t) not in templates:
-            others.setdefault(template(t), []).append(t)
-    picked: list[TaskRecord] = []
-    while len(picked) < control and any(others.values()):
-        for name in sorted(others):
-            if others[name] and len(picked) < control:
-                picked.append(others[name].pop(0))
-    return rl_set, same, picked
+    others = [t for t in held_out if template(t) not in templates]
+    return rl_set, same, pick_tasks(others, control, key=template)
 
 
 def print_summary(run_dir: Path, warm_path: Path, templates: list[str], after_path: Path | None = None) -> None:

@@ -69,9 +69,9 @@ def compare(args: argparse.Namespace) -> int:
     console = Console()
     console.print(changed)
     print(f"pass@1 {d.pass_a:.3f} -> {d.pass_b:.3f}: {d.diff:+.3f} ± {d.se_paired:.3f} (paired standard "
-                  f"error; {d.se_independent:.3f} had the evals drawn independent random numbers) over {d.tasks} "
-                  f"tasks and {d.pairs} paired samples; {d.tasks_better} tasks better, {d.tasks_worse} worse; "
-                  f"{d.identical} episodes identical, {d.agree} with the same outcome")
+          f"error; {d.se_independent:.3f} had the evals drawn independent random numbers) over {d.tasks} "
+          f"tasks and {d.pairs} paired samples; {d.tasks_better} tasks better, {d.tasks_worse} worse; "
+          f"{d.identical} episodes identical, {d.agree} with the same outcome")
     return 0
 
 

@@ -47,8 +47,7 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any]) -> PairedDiff:
     Both must come from evals that recorded per-sample outcomes (reports since 2026-11-27)."""
     by_id = {t["task_id"]: t for t in b["tasks"]}
     task_diffs, var_paired, var_indep = [], [], []
-    pass_a, pass_b = [], []
-    pairs = identical = agree = better = worse = 0
+    pairs = identical = agree = 0
     per_task = []
     for ta in a["tasks"]:
         tb = by_id.get(ta["task_id"])
@@ -67,8 +66,6 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any]) -> PairedDiff:
         d = [y - x for x, y in zip(xa, xb)]
         n = len(both)
         task_diffs.append(statistics.fmean(d))
-        pass_a.append(statistics.fmean(xa))
-        pass_b.append(statistics.fmean(xb))
         var_paired.append(_var(d) / n)
         var_indep.append((_var(xa) + _var(xb)) / n)
         pairs += n
@@ -77,15 +74,15 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any]) -> PairedDiff:
         identical += sum(1 for j in both if j < min(len(digests_a), len(digests_b))
                          and digests_a[j] and digests_a[j] == digests_b[j])
         per_task.append((ta["task_id"], sum(xa), sum(xb), n))
-        better += pass_b[-1] > pass_a[-1]
-        worse += pass_b[-1] < pass_a[-1]
     if not task_diffs:
         raise ValueError("the two reports share no task with a sample scored in both")
     k = len(task_diffs)
-    return PairedDiff(tasks=k, pairs=pairs, pass_a=statistics.fmean(pass_a), pass_b=statistics.fmean(pass_b),
+    return PairedDiff(tasks=k, pairs=pairs, pass_a=statistics.fmean(a / n for _, a, _, n in per_task),
+                      pass_b=statistics.fmean(b / n for _, _, b, n in per_task),
                       diff=statistics.fmean(task_diffs), se_paired=math.sqrt(sum(var_paired)) / k,
                       se_independent=math.sqrt(sum(var_indep)) / k, identical=identical, agree=agree,
-                      tasks_better=better, tasks_worse=worse, per_task=tuple(per_task))
+                      tasks_better=sum(b > a for _, a, b, _ in per_task),
+                      tasks_worse=sum(b < a for _, a, b, _ in per_task), per_task=tuple(per_task))
 
 
 def _var(xs: list[int]) -> float:
