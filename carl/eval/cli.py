@@ -110,9 +110,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--tools: unknown {unknown}; expected names from {sorted(tools)}")
         tools = {k: v for k, v in tools.items() if k in args.tools.split(",")}
     if run is not None:
-        from carl.train.loop import episode_limits, eval_limits
+        from carl.train.loop import eval_limits
 
-        limits = eval_limits(run, episode_limits(run))
+        limits = eval_limits(run)
     else:
         limits = EpisodeLimits(max_turns=12, max_new_tokens=512)
     limits = replace(limits, **{k: v for k, v in (("max_turns", args.max_turns),

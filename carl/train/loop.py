@@ -96,7 +96,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                               f"loss {np.mean(losses):.4f} over {len(losses)} batches")
                 checkpoint(0)
             policy.update_weights(model.state_dict(), version=0)
-        state["reports"]["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, limits, tools,
+        state["reports"]["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, tools,
                                                   console, log, step=0)
         state["phase"] = "rl"
         _set_lr(optimizer, cfg.rl.lr)
@@ -155,7 +155,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                               f"rl.max_wall_s={cfg.rl.max_wall_s:g} s reached")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps or state.get("rl_out_of_time"):
                 checkpoint(step + 1)
-        state["reports"]["rl"] = run_eval("after RL", policy, cfg, eval_tasks, limits, tools, console, log,
+        state["reports"]["rl"] = run_eval("after RL", policy, cfg, eval_tasks, tools, console, log,
                                           step=state["rl_step"])
         state["phase"] = "done"
         checkpoint(state["rl_step"])
@@ -213,8 +213,8 @@ def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, console,
     return ok
 
 
-def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, limits, tools, console, log, step: int) -> dict:
-    limits = eval_limits(cfg, limits)
+def run_eval(name: str, policy: HFPolicy, cfg: TrainConfig, tasks, tools, console, log, step: int) -> dict:
+    limits = eval_limits(cfg)
     status = f"evaluating {name} on {len(tasks)} held-out tasks x {cfg.eval.samples_per_task}"
     with console.status(status), policy.sampling(cfg.eval.temperature):
         report, rollouts = evaluate(name, policy, tasks, cfg.eval.samples_per_task, limits, tools,
@@ -256,8 +256,9 @@ def episode_limits(cfg: TrainConfig) -> EpisodeLimits:
     return EpisodeLimits(**asdict(cfg.limits))
 
 
-def eval_limits(cfg: TrainConfig, limits: EpisodeLimits) -> EpisodeLimits:
+def eval_limits(cfg: TrainConfig) -> EpisodeLimits:
     """An eval episode's limits: the run's, with `eval.wall_time_s` where set."""
+    limits = episode_limits(cfg)
     return replace(limits, wall_time_s=cfg.eval.wall_time_s) if cfg.eval.wall_time_s else limits
 
 
