@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from carl.tasks import TaskRecord
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))  # fit.py imports learning.py beside it
@@ -92,3 +94,36 @@ def test_transfer_summary_pairs_the_two_evals_per_group_and_template(tmp_path, c
     assert "other templates (control)" in out and "0.500 -> 0.500  +0.000" in out
     saved = json.loads((tmp_path / "transfer.json").read_text())
     assert saved["groups"]["same templates"]["tasks_better"] == 2 and saved["rl_pass_rate"] == [0.25]
+
+
+_sspec = importlib.util.spec_from_file_location("transfer_seeds",
+                                                Path(__file__).parents[1] / "benchmarks" / "transfer_seeds.py")
+transfer_seeds = importlib.util.module_from_spec(_sspec)
+_sspec.loader.exec_module(transfer_seeds)
+
+
+def test_transfer_seeds_combines_runs_into_mean_spread_and_pooled_sign_test(tmp_path, capsys):
+    def run(seed: int, same: float, control: float, better: int, worse: int, add: float) -> Path:
+        d = tmp_path / f"seed{seed}"
+        d.mkdir()
+        group = {"pass_a": 0.2, "se_paired": 0.03, "tasks_worse": 0}
+        (d / "transfer.json").write_text(json.dumps({"templates": ["add"], "groups": {
+            "same templates": group | {"diff": same, "pass_b": 0.2 + same, "tasks_better": better,
+                                       "tasks_worse": worse, "se_paired": 0.04},
+            "other templates (control)": group | {"diff": control, "pass_b": 0.2 + control, "tasks_better": 1},
+            "  add": group | {"diff": add}}}))
+        (d / "transfer_config.toml").write_text(f"seed = {seed}\n")
+        return d
+
+    runs = [transfer_seeds.load_run(run(2, 0.2, 0.0, 6, 0, 0.2)), transfer_seeds.load_run(run(3, 0.1, 0.05, 4, 0, 0.1))]
+    result = transfer_seeds.combine(runs)
+    over = result["over_seeds"]
+    assert over["same"]["mean"] == pytest.approx(0.15) and over["same"]["spread"] == pytest.approx(0.05)
+    assert over["same_minus_control"]["mean"] == pytest.approx(0.125) and over["control"]["positive"] == 1
+    assert result["runs"][0]["same_minus_control_se"] == pytest.approx(0.05)  # sqrt(0.04^2 + 0.03^2)
+    assert result["pooled"]["better"] == 10 and result["pooled"]["sign_test_p"] == pytest.approx(2 / 2**10)
+    assert result["per_template"]["add"]["mean"] == pytest.approx(0.15)
+    transfer_seeds.print_result(result)
+    assert "+0.150 ± 0.050" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="transfer.json: not found"):
+        transfer_seeds.load_run(tmp_path / "nothing")

@@ -1,0 +1,141 @@
+"""Transfer over seeds: `benchmarks/transfer.py` runs (one per seed) combined into mean ± spread.
+
+    .venv/bin/python benchmarks/transfer_seeds.py runs/transfer/seed2 runs/transfer/seed3 runs/transfer/seed4
+
+Per run (its transfer.json): the held-out pass@1 gain, warm start -> after RL, of the templates RL
+trained on and of the control (the other templates), each ± its paired standard error, and their
+difference: what RL on the templates bought beyond whatever it did to every task. Over runs: mean ±
+spread (population std over seeds, as `benchmarks/learning.py` reports it), how many seeds gained,
+and, pooled over seeds, how many held-out tasks were solved more and less often after RL with an
+exact two-sided sign test. Per template, the mean gain over seeds. Results go to
+<out>/transfer_seeds.json and <out>/transfer_seeds.png (--out defaults to the first run's parent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from learning import sign_test
+
+SAME, CONTROL = "same templates", "other templates (control)"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", type=Path, nargs="+", help="finished `benchmarks/transfer.py` --out directories")
+    p.add_argument("--out", type=Path, help="where to write transfer_seeds.json and .png")
+    args = p.parse_args()
+    runs = [load_run(d) for d in args.runs]
+    if len({tuple(r["templates"]) for r in runs}) > 1:
+        raise SystemExit("the runs trained on different templates: "
+                         + ", ".join(f"{r['dir']}: {','.join(r['templates'])}" for r in runs))
+    result = combine(runs)
+    print_result(result)
+    out = args.out or args.runs[0].resolve().parent
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "transfer_seeds.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "transfer_seeds.png")
+
+
+def load_run(run_dir: Path) -> dict:
+    """A finished transfer run: its seed, templates and per-group paired differences."""
+    path = run_dir / "transfer.json"
+    if not path.exists():
+        raise SystemExit(f"{path}: not found; is {run_dir} a finished `benchmarks/transfer.py --out` directory? "
+                         "(it writes transfer.json after both evals)")
+    saved = json.loads(path.read_text())
+    missing = {SAME, CONTROL} - set(saved.get("groups", {}))
+    if missing:
+        raise SystemExit(f"{path}: groups {sorted(missing)} missing; expected a transfer.py summary")
+    config = run_dir / "transfer_config.toml"
+    seed = tomllib.loads(config.read_text()).get("seed") if config.exists() else None
+    return {"dir": str(run_dir), "seed": seed, "templates": saved["templates"], "groups": saved["groups"]}
+
+
+def combine(runs: list[dict]) -> dict:
+    """Per run and over runs: the same-template gain, the control's, and same - control."""
+    per_run = []
+    for r in runs:
+        same, control = r["groups"][SAME], r["groups"][CONTROL]
+        per_run.append({"dir": r["dir"], "seed": r["seed"],
+                        "same": same["diff"], "same_se": same["se_paired"],
+                        "control": control["diff"], "control_se": control["se_paired"],
+                        "same_minus_control": same["diff"] - control["diff"],
+                        "same_minus_control_se": (same["se_paired"] ** 2 + control["se_paired"] ** 2) ** 0.5,
+                        "warm_same": same["pass_a"], "rl_same": same["pass_b"],
+                        "better": same["tasks_better"], "worse": same["tasks_worse"],
+                        "control_better": control["tasks_better"], "control_worse": control["tasks_worse"]})
+    over = {}
+    for key in ("same", "control", "same_minus_control", "warm_same", "rl_same"):
+        xs = [r[key] for r in per_run]
+        over[key] = {"mean": statistics.mean(xs), "spread": statistics.pstdev(xs), "min": min(xs),
+                     "max": max(xs), "positive": sum(x > 0 for x in xs)}
+    better, worse = sum(r["better"] for r in per_run), sum(r["worse"] for r in per_run)
+    cbetter, cworse = sum(r["control_better"] for r in per_run), sum(r["control_worse"] for r in per_run)
+    templates = {}
+    for name in runs[0]["templates"]:
+        diffs = [r["groups"][f"  {name}"]["diff"] for r in runs if f"  {name}" in r["groups"]]
+        templates[name] = {"mean": statistics.mean(diffs), "spread": statistics.pstdev(diffs), "diffs": diffs}
+    return {"templates": runs[0]["templates"], "runs": per_run, "over_seeds": over, "per_template": templates,
+            "pooled": {"better": better, "worse": worse, "sign_test_p": sign_test(better, worse),
+                       "control_better": cbetter, "control_worse": cworse,
+                       "control_sign_test_p": sign_test(cbetter, cworse)}}
+
+
+def print_result(result: dict) -> None:
+    print(f"held-out pass@1 gain (after RL - warm start), RL on templates {','.join(result['templates'])}; "
+          "± paired standard error (sampling noise only)")
+    print(f"{'seed':>5} {'same templates':>26} {'control':>17} {'same - control':>17}  {'better/worse':>12}")
+    for r in result["runs"]:
+        print(f"{r['seed']!s:>5} {r['warm_same']:.3f}->{r['rl_same']:.3f} {r['same']:+.3f}±{r['same_se']:.3f} "
+              f"{r['control']:>+11.3f}±{r['control_se']:.3f} "
+              f"{r['same_minus_control']:>+11.3f}±{r['same_minus_control_se']:.3f}  {r['better']:>10}/{r['worse']}")
+    o, n = result["over_seeds"], len(result["runs"])
+    print(f"over {n} seeds (mean ± spread = population std over seeds; [min, max]; seeds > 0):")
+    for key, label in (("same", "same templates"), ("control", "control"), ("same_minus_control", "same - control")):
+        s = o[key]
+        print(f"  {label:<16} {s['mean']:+.3f} ± {s['spread']:.3f}  [{s['min']:+.3f}, {s['max']:+.3f}]  "
+              f"{s['positive']}/{n}")
+    pooled = result["pooled"]
+    print(f"  pooled held-out tasks solved more / less often: same templates {pooled['better']}/{pooled['worse']} "
+          f"(sign test p = {pooled['sign_test_p']:.3g}), control {pooled['control_better']}/"
+          f"{pooled['control_worse']} (p = {pooled['control_sign_test_p']:.3g})")
+    print("  per template: " + ", ".join(f"{name} {t['mean']:+.3f} ± {t['spread']:.3f}"
+                                         for name, t in result["per_template"].items()))
+
+
+def plot(result: dict, path: Path) -> None:
+    """Per seed, the same-template and control gains with their paired standard errors."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    runs = result["runs"]
+    for i, (key, label) in enumerate((("same", "same templates (trained on)"), ("control", "other templates"))):
+        xs = [j + (i - 0.5) * 0.3 for j in range(len(runs))]
+        ax.errorbar(xs, [r[key] for r in runs], yerr=[r[f"{key}_se"] for r in runs], fmt="o", capsize=4,
+                    color=f"C{i}", label=label)
+        ax.axhline(result["over_seeds"][key]["mean"], color=f"C{i}", linestyle="--", linewidth=0.8)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(runs)), [f"seed {r['seed']}" for r in runs])
+    ax.set_xlim(-0.6, len(runs) - 0.4)
+    ax.set_ylabel("held-out pass@1: after RL - warm start")
+    ax.set_title(f"RL on {','.join(result['templates'])}; dashed: mean over seeds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
