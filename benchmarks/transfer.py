@@ -47,6 +47,8 @@ from carl.eval.paired import paired_difference
 from carl.io import atomic_write_json, read_jsonl
 from carl.tasks import TaskRecord, load_tasks, write_tasks
 
+SAME, CONTROL = "same templates", "other templates (control)"  # transfer.json's group names
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,6 +134,11 @@ def pick(rl: list[TaskRecord], held_out: list[TaskRecord], templates: list[str],
     return rl_set, same, pick_tasks(others, control, key=template)
 
 
+def template_group(name: str, trained: bool) -> str:
+    """transfer.json's group name of one template (indented under SAME or CONTROL when printed)."""
+    return ("  " if trained else "  (control) ") + name
+
+
 def print_summary(run_dir: Path, warm_path: Path, templates: list[str], after_path: Path | None = None) -> None:
     """Warm start vs the RL checkpoint (`after_path`, default: the run's last eval), per group and template."""
     warm = json.loads(warm_path.read_text())
@@ -148,10 +155,10 @@ def print_summary(run_dir: Path, warm_path: Path, templates: list[str], after_pa
 
     print(f"\nheld-out pass@1, warm start -> after RL on templates {','.join(templates)} "
           "(± paired standard error, sampling noise only):")
-    line("same templates", {i for i, n in names.items() if n in templates})
-    line("other templates (control)", {i for i, n in names.items() if n not in templates})
+    line(SAME, {i for i, n in names.items() if n in templates})
+    line(CONTROL, {i for i, n in names.items() if n not in templates})
     for name in sorted(set(names.values())):
-        line(("  " if name in templates else "  (control) ") + name, {i for i, n in names.items() if n == name})
+        line(template_group(name, name in templates), {i for i, n in names.items() if n == name})
     rates = [r["rl/pass_rate"] for r in read_jsonl(run_dir / "metrics.jsonl") if "rl/pass_rate" in r]
     print("RL rollouts' pass rate per step: " + " ".join(f"{x:.2f}" for x in rates))
     atomic_write_json(run_dir / "transfer.json", {"templates": templates, "rl_pass_rate": rates, "groups": rows})

@@ -23,8 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from learning import sign_test
-
-SAME, CONTROL = "same templates", "other templates (control)"
+from transfer import CONTROL, SAME, template_group
 
 
 def main() -> None:
@@ -81,7 +80,8 @@ def combine(runs: list[dict]) -> dict:
     cbetter, cworse = sum(r["control_better"] for r in per_run), sum(r["control_worse"] for r in per_run)
     templates = {}
     for name in runs[0]["templates"]:
-        diffs = [r["groups"][f"  {name}"]["diff"] for r in runs if f"  {name}" in r["groups"]]
+        group = template_group(name, trained=True)
+        diffs = [r["groups"][group]["diff"] for r in runs if group in r["groups"]]
         templates[name] = {"mean": statistics.mean(diffs), "spread": statistics.pstdev(diffs), "diffs": diffs}
     return {"templates": runs[0]["templates"], "runs": per_run, "over_seeds": over, "per_template": templates,
             "pooled": {"better": better, "worse": worse, "sign_test_p": sign_test(better, worse),
