@@ -71,8 +71,6 @@ def main() -> None:
     seq_len = args.seq_len or (32 if args.device == "cpu" else 512)
     config = DeltaSyncConfig(snapshot_every=1000, zstd_level=args.zstd_level)
 
-    from transformers import AutoModelForCausalLM
-
     from carl.policy.smollm2 import smollm2_path
 
     path = args.model or smollm2_path()
