@@ -61,6 +61,8 @@ def main() -> None:
                    help="--tool sleep: seconds; --tool process: processes per tool call")
     p.add_argument("--prefix-cache", type=int, default=None, help="prefix_cache_tokens (default: the policy's auto)")
     p.add_argument("--attn", default="auto", help="attn_implementation of the sampler")
+    p.add_argument("--heap-trim-s", type=float, default=HFPolicyConfig.heap_trim_s,
+                   help="heap_trim_s of the policy (0: never hand free heap pages back; see carl.systems.heap)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny random model, 8 episodes x 3 turns")
     p.add_argument("--json", default=None, help="also write the numbers here")
@@ -77,10 +79,15 @@ def main() -> None:
         path = tiny_model(Path(tmp) / "tiny") if args.model == "tiny" else model_folder(args.model, Path(tmp))
         policy = HFPolicy(HFPolicyConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
                                          max_batch_size=args.episodes, seed=args.seed, attn_implementation=args.attn,
-                                         prefix_cache_tokens=args.prefix_cache))
+                                         prefix_cache_tokens=args.prefix_cache, heap_trim_s=args.heap_trim_s))
         print(f"{args.model} on {args.device} ({args.dtype}), {args.episodes} episodes x {args.turns} turns, "
-              f"tools: {args.tool} {args.gap}, prefix cache {policy.prefix_cache.max_tokens} tokens")
+              f"tools: {args.tool} {args.gap}, prefix cache {policy.prefix_cache.max_tokens} tokens, "
+              f"heap trim every {args.heap_trim_s:g} s")
         out = agent_load(policy, args)
+        out.update(rss_gb())  # the process's peak and current RSS after the agent load (the baseline adds its own)
+        out.update({"heap_trims": policy.heap.trims, "heap_trim_time_s": policy.heap.trim_s})
+        print(f"  RSS peak {out.get('rss_peak_gb', float('nan')):.2f} GB, now {out.get('rss_gb', float('nan')):.2f} GB; "
+              f"{policy.heap.trims} heap trims took {policy.heap.trim_s:.2f} s")
         out.update(baseline(policy, args, out))
         policy.close()
     print(json.dumps(out, indent=2))
@@ -161,6 +168,16 @@ def baseline(policy: HFPolicy, args: argparse.Namespace, load: dict[str, float])
     print(f"baseline model.generate: {args.episodes} x {new} tokens after {args.prompt_len}-token prompts in "
           f"{t:.2f} s, {tps:.0f} tok/s; agent load / baseline = {load['tokens_per_s'] / tps:.2f}")
     return {"baseline_tokens_per_s": tps, "ratio_load_over_baseline": load["tokens_per_s"] / tps}
+
+
+def rss_gb() -> dict[str, float]:
+    """Peak (VmHWM) and current (VmRSS) resident memory of this process in GB (Linux /proc; empty elsewhere)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return {}
+    kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in lines) if k in ("VmHWM", "VmRSS")}
+    return {"rss_peak_gb": kb["VmHWM"] / 1e6, "rss_gb": kb["VmRSS"] / 1e6}
 
 
 def tiny_model(folder: Path) -> Path:

@@ -143,6 +143,21 @@ def test_stop_ids_end_each_row_on_its_own(tiny_dir):
     policy.close()
 
 
+def test_batcher_trims_the_heap_when_a_row_finishes(tiny_dir):
+    from carl.systems.heap import _malloc_trim
+
+    policy = _policy(tiny_dir, heap_trim_s=1e-9)  # every finished row may trim
+    off = _policy(tiny_dir, heap_trim_s=0.0)
+    time.sleep(0.01)
+    for p in (policy, off):
+        for prompt in PROMPTS:
+            p.generate(prompt, 4, stop_ids=[])
+    assert policy.heap.trims == (len(PROMPTS) if _malloc_trim() is not None else 0)
+    assert off.heap.trims == 0
+    policy.close()
+    off.close()
+
+
 def test_top_p_keeps_the_smallest_nucleus():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     assert torch.equal(top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
