@@ -1,6 +1,7 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_trim_heap_returns_free_pages_below_a_live_block():
         before = rss_mb()
         assert trim_heap()
         print(before, rss_mb())
-    """ % str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    """ % str(Path(__file__).resolve().parents[1]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     before, after = map(float, out.stdout.split())
