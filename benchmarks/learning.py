@@ -164,6 +164,7 @@ def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list
     if not (ckpts / "latest").exists():
         ckpts.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, ckpts / "step_000000", dirs_exist_ok=True)
+        reopen_rl(ckpts / "step_000000")
         (ckpts / "latest").write_text("step_000000\n")
         if (first / "metrics.jsonl").exists():  # the warm start's rows, which step 0's checkpoint counts
             warm_rows = [r for r in read_jsonl(first / "metrics.jsonl") if r["step"] <= 0]
@@ -176,6 +177,23 @@ def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list
     if rl_repos is not None:
         files["rl_tasks"] = build_rl_set(first, run_dir, rl_repos)
     return [f"{key}={path}" for key, path in files.items()]
+
+
+def reopen_rl(ckpt: Path) -> None:
+    """Make a copied step-0 checkpoint start RL when loaded: a first run made with `rl.steps=0` ended by
+    saving step 0 again as done (with its "after RL" eval), which a branch would load and skip RL."""
+    import torch
+
+    blob = torch.load(ckpt / "trainer.pt", weights_only=False)
+    state = blob["trainer_state"]
+    if state["phase"] != "done":
+        return
+    if state["rl_step"] != 0:
+        raise SystemExit(f"{ckpt}: step 0 of a run that ran {state['rl_step']} RL steps, not a warm start")
+    state["phase"] = "rl"
+    state["reports"].pop("rl", None)
+    torch.save(blob, ckpt / "trainer.pt.tmp")
+    (ckpt / "trainer.pt.tmp").replace(ckpt / "trainer.pt")
 
 
 def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:

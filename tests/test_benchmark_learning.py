@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 _spec = importlib.util.spec_from_file_location("learning", Path(__file__).parents[1] / "benchmarks" / "learning.py")
 learning = importlib.util.module_from_spec(_spec)
@@ -35,9 +36,18 @@ def test_sign_test_matches_the_binomial_tail(better, worse, p):
     assert learning.sign_test(better, worse) == pytest.approx(p)
 
 
-def _finished_run(run_dir: Path, with_eval: bool) -> None:
+def _trainer_state(ckpt: Path, phase: str = "rl", rl_step: int = 0, reports=("warm_start",)) -> None:
+    ckpt.mkdir(parents=True, exist_ok=True)
+    torch.save({"step": rl_step, "trainer_state": {"phase": phase, "rl_step": rl_step,
+                                                   "reports": {r: {"summary": {}} for r in reports}}},
+               ckpt / "trainer.pt")
+
+
+def _finished_run(run_dir: Path, with_eval: bool, phase: str = "rl") -> None:
     (run_dir / "checkpoints" / "step_000000" / "model").mkdir(parents=True)
     (run_dir / "checkpoints" / "step_000000" / "model" / "weights").write_text("w0")
+    _trainer_state(run_dir / "checkpoints" / "step_000000", phase,
+                   reports=("warm_start", "rl") if phase == "done" else ("warm_start",))
     (run_dir / "report.json").write_text("{}")
     rows = [{"step": -1, "loss/sft": 1.0}, {"step": 0, "eval/pass@1": 0.25}, {"step": 1, "rl/reward_mean": 0.5}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "rl/rew')
@@ -57,6 +67,28 @@ def test_an_arm_branches_from_the_first_arms_warm_start(tmp_path, with_eval):
     assert (arm / "eval" / "step000000.json").exists() == with_eval  # older runs have no eval report
     steps = [json.loads(line)["step"] for line in (arm / "metrics.jsonl").read_text().splitlines()]
     assert steps == [-1, 0]  # the warm start's rows (which step 0's checkpoint counts), not the RL ones
+
+
+def _phase(ckpt: Path) -> tuple[str, list[str]]:
+    state = torch.load(ckpt / "trainer.pt", weights_only=False)["trainer_state"]
+    return state["phase"], sorted(state["reports"])
+
+
+def test_a_branch_of_a_run_without_rl_starts_rl_at_its_warm_start(tmp_path):
+    first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_grpo+errcost"
+    _finished_run(first, with_eval=True, phase="done")  # rl.steps=0: step 0 was saved again as done
+    learning.branch_from(first, arm)
+    assert _phase(arm / "checkpoints" / "step_000000") == ("rl", ["warm_start"])
+    assert _phase(first / "checkpoints" / "step_000000") == ("done", ["rl", "warm_start"])  # the first run is kept
+
+
+def test_reopen_rl_leaves_a_warm_start_alone_and_refuses_a_later_step(tmp_path):
+    _trainer_state(tmp_path / "a", phase="rl")
+    learning.reopen_rl(tmp_path / "a")
+    assert _phase(tmp_path / "a") == ("rl", ["warm_start"])
+    _trainer_state(tmp_path / "b", phase="done", rl_step=5, reports=("warm_start", "rl"))
+    with pytest.raises(SystemExit, match="ran 5 RL steps"):
+        learning.reopen_rl(tmp_path / "b")
 
 
 def test_branching_needs_a_finished_first_arm(tmp_path):
