@@ -49,13 +49,13 @@ def test_newton_schulz_flattens_the_spectrum(shape):
     k = min(shape)
     S = torch.logspace(-1, 1, k)
     G = U[:, :k] @ torch.diag(S) @ V[:, :k].T
-    O = newton_schulz(G[None], steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)[0].float()
-    s = torch.linalg.svdvals(O)
+    ortho = newton_schulz(G[None], steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)[0].float()
+    s = torch.linalg.svdvals(ortho)
     # Keller Jordan's coefficients trade exactness for speed: S' lands in about (0.68, 1.14),
     # not at 1 (his post: "something like U S' V^T with S' ~ Uniform(0.5, 1.5)").
     assert 0.6 < s.min() and s.max() < 1.2, s
     # Same singular vectors: U^T O V is (close to) diagonal.
-    core = U[:, :k].T @ O @ V[:, :k]
+    core = U[:, :k].T @ ortho @ V[:, :k]
     off = core - torch.diag(torch.diagonal(core))
     assert off.abs().max() < 0.05
 

@@ -14,7 +14,8 @@ from carl.train.config import TrainConfig
 from carl.train.loop import load_task_sets
 
 spec = importlib.util.spec_from_file_location("learning", Path("benchmarks/learning.py"))
-learning = importlib.util.module_from_spec(spec); spec.loader.exec_module(learning)
+learning = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(learning)
 out, arm, seed, *extra = sys.argv[1:]
 run_dir = Path(out) / f"seed{seed}_{arm}"
 cfg = load_config(TrainConfig, None, [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}",

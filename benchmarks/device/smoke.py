@@ -13,7 +13,8 @@ from carl.config import load_config
 from carl.train.config import TrainConfig
 from carl.train.loop import train
 
-root = Path(sys.argv[1]); device = os.environ.get("DEVICE", "cuda:0")
+root = Path(sys.argv[1])
+device = os.environ.get("DEVICE", "cuda:0")
 model = save_tiny_model(root / "tiny")
 t0 = time.time()
 cfg = load_config(TrainConfig, None, [

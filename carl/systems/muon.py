@@ -265,13 +265,12 @@ class Muon(torch.optim.Optimizer):
 
         orthogonalized = self._orthogonalize(updates)
 
-        for u, O, group in zip(updates, orthogonalized, hyper):
+        for u, ortho, group in zip(updates, orthogonalized, hyper):
             lr = group["lr"]
             p_local = _local(u.param)
             p_local.mul_(1 - lr * group["weight_decay"])
-            p_local.add_(
-                O, alpha=-rms_matched_lr(lr, u.blocks.matrix_shape(u.param.shape), self.config.update_rms)
-            )
+            step_lr = rms_matched_lr(lr, u.blocks.matrix_shape(u.param.shape), self.config.update_rms)
+            p_local.add_(ortho, alpha=-step_lr)
         return loss
 
     def _orthogonalize(self, updates: list[MatrixUpdate]) -> list[torch.Tensor]:
