@@ -1,6 +1,7 @@
 """Transfer over seeds: `benchmarks/transfer.py` runs (one per seed) combined into mean ± spread.
 
     .venv/bin/python benchmarks/transfer_seeds.py runs/transfer/seed2 runs/transfer/seed3 runs/transfer/seed4
+    .venv/bin/python benchmarks/transfer_seeds.py docs/results/transfer/seed*.json   # the recorded seeds
 
 Per run (its transfer.json): the held-out pass@1 gain, warm start -> after RL, of the templates RL
 trained on and of the control (the other templates), each ± its paired standard error, and their
@@ -28,7 +29,9 @@ from transfer import CONTROL, SAME, template_group
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", type=Path, nargs="+", help="finished `benchmarks/transfer.py` --out directories")
+    p.add_argument("runs", type=Path, nargs="+",
+                   help="finished `benchmarks/transfer.py` --out directories, or their transfer.json files "
+                        "(with a top-level \"seed\")")
     p.add_argument("--out", type=Path, help="where to write transfer_seeds.json and .png")
     args = p.parse_args()
     runs = [load_run(d) for d in args.runs]
@@ -44,8 +47,9 @@ def main() -> None:
 
 
 def load_run(run_dir: Path) -> dict:
-    """A finished transfer run: its seed, templates and per-group paired differences."""
-    path = run_dir / "transfer.json"
+    """A finished transfer run (its --out directory, or a transfer.json kept elsewhere): its seed,
+    templates and per-group paired differences."""
+    path = run_dir if run_dir.suffix == ".json" else run_dir / "transfer.json"
     if not path.exists():
         raise SystemExit(f"{path}: not found; is {run_dir} a finished `benchmarks/transfer.py --out` directory? "
                          "(it writes transfer.json after both evals)")
@@ -53,8 +57,8 @@ def load_run(run_dir: Path) -> dict:
     missing = {SAME, CONTROL} - set(saved.get("groups", {}))
     if missing:
         raise SystemExit(f"{path}: groups {sorted(missing)} missing; expected a transfer.py summary")
-    config = run_dir / "transfer_config.toml"
-    seed = tomllib.loads(config.read_text()).get("seed") if config.exists() else None
+    config = path.parent / "transfer_config.toml"
+    seed = saved.get("seed", tomllib.loads(config.read_text()).get("seed") if config.exists() else None)
     return {"dir": str(run_dir), "seed": seed, "templates": saved["templates"], "groups": saved["groups"]}
 
 
@@ -82,6 +86,8 @@ def combine(runs: list[dict]) -> dict:
     for name in runs[0]["templates"]:
         group = template_group(name, trained=True)
         diffs = [r["groups"][group]["diff"] for r in runs if group in r["groups"]]
+        if not diffs:
+            continue
         templates[name] = {"mean": statistics.mean(diffs), "spread": statistics.pstdev(diffs), "diffs": diffs}
     return {"templates": runs[0]["templates"], "runs": per_run, "over_seeds": over, "per_template": templates,
             "pooled": {"better": better, "worse": worse, "sign_test_p": sign_test(better, worse),
@@ -99,6 +105,10 @@ def print_result(result: dict) -> None:
               f"{r['same_minus_control']:>+11.3f}±{r['same_minus_control_se']:.3f}  {r['better']:>10}/{r['worse']}")
     o, n = result["over_seeds"], len(result["runs"])
     print(f"over {n} seeds (mean ± spread = population std over seeds; [min, max]; seeds > 0):")
+    w, a = o["warm_same"], o["rl_same"]
+    print(f"  same templates' pass@1: warm start {w['mean']:.3f} ± {w['spread']:.3f} "
+          f"[{w['min']:.3f}, {w['max']:.3f}] -> after RL {a['mean']:.3f} ± {a['spread']:.3f} "
+          f"[{a['min']:.3f}, {a['max']:.3f}]")
     for key, label in (("same", "same templates"), ("control", "control"), ("same_minus_control", "same - control")):
         s = o[key]
         print(f"  {label:<16} {s['mean']:+.3f} ± {s['spread']:.3f}  [{s['min']:+.3f}, {s['max']:+.3f}]  "
@@ -107,8 +117,9 @@ def print_result(result: dict) -> None:
     print(f"  pooled held-out tasks solved more / less often: same templates {pooled['better']}/{pooled['worse']} "
           f"(sign test p = {pooled['sign_test_p']:.3g}), control {pooled['control_better']}/"
           f"{pooled['control_worse']} (p = {pooled['control_sign_test_p']:.3g})")
-    print("  per template: " + ", ".join(f"{name} {t['mean']:+.3f} ± {t['spread']:.3f}"
-                                         for name, t in result["per_template"].items()))
+    print("  per template (mean ± spread over the seeds that recorded it; how many): " + ", ".join(
+        f"{name} {t['mean']:+.3f} ± {t['spread']:.3f} ({len(t['diffs'])})"
+        for name, t in result["per_template"].items()))
 
 
 def plot(result: dict, path: Path) -> None:

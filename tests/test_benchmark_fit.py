@@ -127,3 +127,16 @@ def test_transfer_seeds_combines_runs_into_mean_spread_and_pooled_sign_test(tmp_
     assert "+0.150 ± 0.050" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="transfer.json: not found"):
         transfer_seeds.load_run(tmp_path / "nothing")
+
+
+def test_transfer_seeds_reads_a_kept_transfer_json_with_its_seed(tmp_path, capsys):
+    group = {"pass_a": 0.25, "pass_b": 0.5, "diff": 0.25, "se_paired": 0.05, "tasks_better": 3, "tasks_worse": 1}
+    kept = tmp_path / "seed7.json"  # no transfer_config.toml beside it, no per-template groups
+    kept.write_text(json.dumps({"seed": 7, "templates": ["add"], "groups": {
+        "same templates": group, "other templates (control)": group | {"diff": 0.0}}}))
+    run = transfer_seeds.load_run(kept)
+    assert run["seed"] == 7
+    result = transfer_seeds.combine([run])
+    assert result["per_template"] == {} and result["over_seeds"]["rl_same"]["mean"] == pytest.approx(0.5)
+    transfer_seeds.print_result(result)
+    assert "warm start 0.250 ± 0.000 [0.250, 0.250] -> after RL 0.500" in capsys.readouterr().out
