@@ -190,8 +190,48 @@ def reopen_rl(ckpt: Path) -> None:
         return
     if state["rl_step"] != 0:
         raise SystemExit(f"{ckpt}: step 0 of a run that ran {state['rl_step']} RL steps, not a warm start")
+    _reopen(state)
+    _save_trainer(blob, ckpt)
+
+
+def continue_rl(run_dir: Path, steps: int) -> int | None:
+    """Reopen a finished run so that `carl train` on it runs RL on to `steps` (its new `rl.steps`), also
+    when `rl.max_wall_s` stopped it (a resume would go straight to the eval); returns the RL step it
+    continues from, or None when it already ran `steps` (nothing changes). The run's report and after-RL eval (report file, metrics row) are dropped, to be
+    made again after the new steps: copy the run directory first to keep them."""
+    import torch
+
+    ckpts = run_dir / "checkpoints"
+    if not (run_dir / "report.json").exists() or not (ckpts / "latest").exists():
+        raise SystemExit(f"{run_dir} has no finished run to continue")
+    last = ckpts / (ckpts / "latest").read_text().strip()
+    blob = torch.load(last / "trainer.pt", weights_only=False)
+    state, step = blob["trainer_state"], blob["trainer_state"]["rl_step"]
+    if state["phase"] != "done" or step == 0:
+        raise SystemExit(f"{last}: phase {state['phase']!r} after {step} RL steps; expected a finished RL run")
+    if step >= steps:
+        return None
+    _reopen(state)
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl")
+            if not (r["step"] == step and all(k == "step" or k.startswith("eval/") for k in r))]
+    state["metrics_rows"] = len(rows)  # the resume keeps these rows and logs the new steps after them
+    atomic_write_jsonl(run_dir / "metrics.jsonl", rows)
+    (run_dir / "eval" / f"step{step:06d}.json").unlink(missing_ok=True)
+    _save_trainer(blob, last)
+    (run_dir / "report.json").unlink()  # last: until here, the run still reads as finished
+    return step
+
+
+def _reopen(state: dict) -> None:
+    """A checkpoint's trainer state saved as done, made to (re)enter RL: no after-RL report, clock reset."""
     state["phase"] = "rl"
     state["reports"].pop("rl", None)
+    state.pop("rl_out_of_time", None)
+
+
+def _save_trainer(blob: dict, ckpt: Path) -> None:
+    import torch
+
     torch.save(blob, ckpt / "trainer.pt.tmp")
     (ckpt / "trainer.pt.tmp").replace(ckpt / "trainer.pt")
 

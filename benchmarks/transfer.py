@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fit import drop_held_out_eval, pick_tasks
-from learning import branch_from
+from learning import branch_from, continue_rl
 
 from carl.eval.paired import paired_difference
 from carl.io import atomic_write_json, read_jsonl
@@ -61,6 +61,9 @@ def main() -> None:
     p.add_argument("--warm-eval", choices=["beside", "before"], default="beside",
                    help="score the warm start beside RL (two processes) or before it (one at a time)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--continue-rl", action="store_true",
+                   help="a finished --out trains on to a larger rl.steps (also one the clock stopped); its "
+                        "after-RL eval is made again, so copy the directory first to keep the shorter run's")
     p.add_argument("overrides", nargs="*", help="dotted overrides on top of the finished run's config")
     args = p.parse_intermixed_args()  # overrides may follow the options
     templates = [t for t in args.templates.split(",") if t]
@@ -100,6 +103,10 @@ def main() -> None:
                 stdout=log, stderr=subprocess.STDOUT)
     if scoring is not None and args.warm_eval == "before":
         scoring.wait()
+    if args.continue_rl and (args.out / "report.json").exists():
+        step = continue_rl(args.out, cfg.rl.steps)
+        print(f"RL ran {cfg.rl.steps} steps already" if step is None else
+              f"continuing RL from step {step} to {cfg.rl.steps}", flush=True)
     if not (args.out / "report.json").exists():
         train(cfg)
     if scoring is not None and scoring.wait():

@@ -91,6 +91,17 @@ def test_reopen_rl_leaves_a_warm_start_alone_and_refuses_a_later_step(tmp_path):
         learning.reopen_rl(tmp_path / "b")
 
 
+def test_continue_rl_needs_a_finished_run_that_ran_rl(tmp_path):
+    with pytest.raises(SystemExit, match="no finished run"):
+        learning.continue_rl(tmp_path / "missing", 8)
+    run = tmp_path / "run"
+    _finished_run(run, with_eval=True, phase="done")  # rl.steps=0: nothing to continue, branch instead
+    (run / "checkpoints" / "latest").write_text("step_000000\n")
+    with pytest.raises(SystemExit, match="after 0 RL steps"):
+        learning.continue_rl(run, 8)
+    assert (run / "report.json").exists() and _phase(run / "checkpoints" / "step_000000")[0] == "done"
+
+
 def test_branching_needs_a_finished_first_arm(tmp_path):
     with pytest.raises(SystemExit, match="no finished run"):
         learning.branch_from(tmp_path / "missing", tmp_path / "arm")

@@ -2,8 +2,10 @@
 warm start -> eval -> RL step -> eval -> report, the pinned warm-start checkpoint, and a rerun
 that resumes from the finished state instead of training again."""
 
+import importlib.util
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,6 +129,20 @@ def test_rl_max_wall_s_stops_after_the_step_that_runs_past_it_then_evaluates_and
     assert set(summary) == {"warm_start", "rl"}
     assert train(cfg, Console(quiet=True)) == summary  # finished: no more RL steps on a rerun
     assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
+    # benchmarks/learning.py's continue_rl reopens it: RL trains on to rl.steps and is evaluated again
+    spec = importlib.util.spec_from_file_location("learning", Path(__file__).parents[1] / "benchmarks" / "learning.py")
+    learning = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning)
+    cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.concurrency=1", "checkpoint_every=5")
+    assert learning.continue_rl(run, cfg.rl.steps) == 1
+    assert not (run / "report.json").exists() and not (run / "eval" / "step000001.json").exists()
+    longer = train(cfg, Console(quiet=True))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3]
+    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 3]  # step 1's eval went with its report
+    assert sorted(p.name for p in (run / "eval").glob("step*.json")) == ["step000000.json", "step000003.json"]
+    assert longer["warm_start"] == summary["warm_start"] and json.loads((run / "report.json").read_text()) == longer
+    assert learning.continue_rl(run, cfg.rl.steps) is None and (run / "report.json").exists()  # ran 3 already
 
 
 @pytest.mark.parametrize("override, field", [("rollout.concurrency=0", "rollout.concurrency"),
