@@ -197,8 +197,9 @@ def reopen_rl(ckpt: Path) -> None:
 def continue_rl(run_dir: Path, steps: int) -> int | None:
     """Reopen a finished run so that `carl train` on it runs RL on to `steps` (its new `rl.steps`), also
     when `rl.max_wall_s` stopped it (a resume would go straight to the eval); returns the RL step it
-    continues from, or None when it already ran `steps` (nothing changes). The run's report and after-RL eval (report file, metrics row) are dropped, to be
-    made again after the new steps: copy the run directory first to keep them."""
+    continues from, or None when it already ran `steps` (nothing changes). The run's report and its
+    after-RL eval (eval file, metrics row) are dropped, to be made again after the new steps: copy the
+    run directory first to keep them."""
     import torch
 
     ckpts = run_dir / "checkpoints"
