@@ -1,18 +1,14 @@
 """benchmarks/fit.py's pure parts: which tasks it fits, and the held-out eval it drops from a branch."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmark_modules import load
 from carl.tasks import TaskRecord
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))  # fit.py imports learning.py beside it
-_spec = importlib.util.spec_from_file_location("fit", Path(__file__).parents[1] / "benchmarks" / "fit.py")
-fit = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fit)
+fit = load("fit")
 
 
 def test_pick_tasks_takes_one_per_repo_in_turn():
@@ -52,9 +48,7 @@ def test_print_summary_compares_each_task_before_and_after(tmp_path, capsys):
     assert "per step: 0.50 0.75" in out
 
 
-_tspec = importlib.util.spec_from_file_location("transfer", Path(__file__).parents[1] / "benchmarks" / "transfer.py")
-transfer = importlib.util.module_from_spec(_tspec)
-_tspec.loader.exec_module(transfer)
+transfer = load("transfer")
 
 
 def test_transfer_picks_tasks_by_template_and_a_control_that_spans_the_others():
@@ -96,10 +90,7 @@ def test_transfer_summary_pairs_the_two_evals_per_group_and_template(tmp_path, c
     assert saved["groups"]["same templates"]["tasks_better"] == 2 and saved["rl_pass_rate"] == [0.25]
 
 
-_sspec = importlib.util.spec_from_file_location("transfer_seeds",
-                                                Path(__file__).parents[1] / "benchmarks" / "transfer_seeds.py")
-transfer_seeds = importlib.util.module_from_spec(_sspec)
-_sspec.loader.exec_module(transfer_seeds)
+transfer_seeds = load("transfer_seeds")
 
 
 def test_transfer_seeds_combines_runs_into_mean_spread_and_pooled_sign_test(tmp_path, capsys):

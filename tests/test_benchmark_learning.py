@@ -1,15 +1,13 @@
 """The learning benchmark's statistics: per-task better/worse counts from eval reports, the sign test."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_modules import load
 
-_spec = importlib.util.spec_from_file_location("learning", Path(__file__).parents[1] / "benchmarks" / "learning.py")
-learning = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(learning)
+learning = load("learning")
 
 
 def _report(path: Path, passed: dict[str, int]) -> None:

@@ -2,13 +2,12 @@
 warm start -> eval -> RL step -> eval -> report, the pinned warm-start checkpoint, and a rerun
 that resumes from the finished state instead of training again."""
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_modules import load
 from rich.console import Console
 from tiny_hf import save_tiny_model
 
@@ -130,9 +129,7 @@ def test_rl_max_wall_s_stops_after_the_step_that_runs_past_it_then_evaluates_and
     assert train(cfg, Console(quiet=True)) == summary  # finished: no more RL steps on a rerun
     assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
     # benchmarks/learning.py's continue_rl reopens it: RL trains on to rl.steps and is evaluated again
-    spec = importlib.util.spec_from_file_location("learning", Path(__file__).parents[1] / "benchmarks" / "learning.py")
-    learning = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(learning)
+    learning = load("learning")
     cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.concurrency=1", "checkpoint_every=5")
     assert learning.continue_rl(run, cfg.rl.steps) == 1
     assert not (run / "report.json").exists() and not (run / "eval" / "step000001.json").exists()
