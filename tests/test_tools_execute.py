@@ -109,3 +109,36 @@ def test_parallel_reads_on_a_real_sandbox(tmp_path):
         results = run_calls(parse_calls(text, specs_of(tools)), tools, sb)
     assert [r.output.splitlines()[1] for r in results[:8]] == [f"     1\tx = {i}" for i in range(8)]
     assert results[8].error.kind == "execution" and "outside.py" in results[8].output
+
+
+def test_a_call_that_never_returns_becomes_an_error_and_the_others_still_answer():
+    """Every tool call has a wall-clock limit: one that hangs (here a tool blocked on an event
+    nobody sets) is reported as an error after call_timeout_s, and the other calls' results stand."""
+    import threading
+
+    from carl.harness.execute import run_calls
+    from carl.harness.tools.base import ToolSpec
+    from carl.types import ToolCall
+
+    release = threading.Event()
+
+    class Hangs:
+        spec = ToolSpec(name="hang", description="blocks")
+
+        def run(self, params, sandbox):
+            release.wait(30)
+            return "late"
+
+    class Quick:
+        spec = ToolSpec(name="quick", description="answers")
+
+        def run(self, params, sandbox):
+            return "on time"
+
+    try:
+        results = run_calls([ToolCall("hang", {}, index=0), ToolCall("quick", {}, index=1)],
+                            {"hang": Hangs(), "quick": Quick()}, sandbox=None, call_timeout_s=0.5)
+    finally:
+        release.set()
+    assert not results[0].ok and "did not finish within 0.5 s" in results[0].output
+    assert results[1].ok and results[1].output == "on time"

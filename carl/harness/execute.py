@@ -12,6 +12,12 @@ parallel). Failures become data: a parse error, a `ToolFailure`, a path outside 
 any exception a tool raises becomes a ToolResult with `error` set, so one bad call never stops the
 episode. The one exception is `SandboxError` (the sandbox itself died: an infrastructure failure
 that must be masked from training, not scored): it is re-raised after all calls have finished.
+
+Every call also has a wall-clock limit (`call_timeout_s`, above every tool's own limit): a call
+still running then becomes an error observation and the episode goes on. Commands are killed by
+their sandbox's own timeouts and file operations never block (carl.sandbox.workspace), so this
+limit only catches what nothing else does; a Python thread cannot be killed, so such a call's
+worker is left to finish on its own.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 from carl.harness.protocol import format_error, render_call, typed_value, validate_call
 from carl.harness.tools.base import Tool, ToolFailure, cap_output
 from carl.sandbox.base import Sandbox, SandboxError, SandboxPathError
 from carl.types import ToolCall, ToolError, ToolResult
+
+CALL_TIMEOUT_S = 900.0
+"""Wall-clock limit of one call: above run_terminal's largest timeout (600 s) and run_tests' (300 s)."""
 
 
 def run_calls(
@@ -34,6 +44,7 @@ def run_calls(
     sandbox: Sandbox,
     *,
     max_output_chars: int = 20_000,
+    call_timeout_s: float = CALL_TIMEOUT_S,
 ) -> list[ToolResult]:
     """One ToolResult per item of `calls`, in the same order (index = the item's index)."""
     results: list[ToolResult | None] = [None] * len(calls)
@@ -47,12 +58,17 @@ def run_calls(
     if runnable:
         pool = _pool()
         futures = [(i, pool.submit(_run_one, call, tool, sandbox, max_output_chars)) for i, call, tool in runnable]
+        deadline = time.monotonic() + call_timeout_s
         infra_error: SandboxError | None = None
-        for i, future in futures:
+        for (i, future), (_, call, _) in zip(futures, runnable, strict=True):
             try:
-                results[i] = future.result()
+                results[i] = future.result(timeout=max(0.0, deadline - time.monotonic()))
             except SandboxError as e:
                 infra_error = infra_error or e
+            except FuturesTimeout:
+                message = f"{call.name} did not finish within {call_timeout_s:g} s; it was abandoned"
+                results[i] = error_result(ToolError(kind="execution", message=message, tool=call.name,
+                                                    raw=render_call(call), index=call.index))
         if infra_error is not None:
             raise infra_error
     return [r for r in results if r is not None]
