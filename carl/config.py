@@ -11,6 +11,7 @@ field). This module only knows how to build a (nested) dataclass from a dict, ap
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -27,7 +28,9 @@ class ConfigError(ValueError):
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a (nested) dict, checking unknown keys and value types."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a table, got {data!r}")
+        raise ConfigError(
+            f"{prefix or 'config'}: got {_show(data)}, expected a table (a mapping of names to values)"
+        )
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(data) - set(fields))
@@ -63,40 +66,53 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 return _coerce(a, value, path)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{path}: {value!r} does not match {tp}")
+        raise ConfigError(f"{path}: got {_show(value)}, expected {_describe(tp)}")
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{path}: got {value!r}, expected one of {list(args)}")
+            raise ConfigError(f"{path}: got {_show(value)}, expected one of {list(args)}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: got {value!r}, expected a list")
+            raise ConfigError(f"{path}: got {_show(value)}, expected a list")
         inner = args[0] if args else Any
         items = [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: got {value!r}, expected a table")
-        return dict(value)
+            raise ConfigError(f"{path}: got {_show(value)}, expected a table (a mapping of names to values)")
+        key_tp, value_tp = args or (Any, Any)
+        return {_coerce(key_tp, k, path): _coerce(value_tp, v, f"{path}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: got {value!r}, expected a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{path}: got {_show(value)}, expected a finite number")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: got {value!r}, expected an integer")
+            raise ConfigError(f"{path}: got {_show(value)}, expected an integer")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: got {value!r}, expected true or false")
+            raise ConfigError(f"{path}: got {_show(value)}, expected true or false")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{path}: got {value!r}, expected a string")
+            raise ConfigError(f"{path}: got {_show(value)}, expected a string")
         return value
     return value
+
+
+def _show(value: Any) -> str:
+    """repr(value), cut short: an error message names the value without echoing a huge one."""
+    shown = repr(value)
+    return shown if len(shown) <= 100 else f"{shown[:100]}... ({len(shown)} characters)"
+
+
+def _describe(tp: Any) -> str:
+    """A type as a message says it: `str | None` -> "str or none"."""
+    names = [getattr(a, "__name__", str(a)) for a in typing.get_args(tp)]
+    return " or ".join("none" if n == "NoneType" else n for n in names)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

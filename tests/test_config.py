@@ -40,3 +40,32 @@ def test_errors_name_the_field():
 def test_override_string_fallback():
     assert parse_override("name=hello world") == (["name"], "hello world")
     assert "[inner]" in to_toml(Outer())
+
+
+@dataclass(frozen=True)
+class Typed:
+    rate: float = 1.0
+    env: dict[str, str] = field(default_factory=dict)
+    path: str | None = None
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"rate": float("nan")}, "rate: got nan, expected a finite number"),
+        ({"rate": float("inf")}, "rate: got inf, expected a finite number"),
+        ({"env": {"A": 1}}, "env.A: got 1, expected a string"),
+        ({"env": [1]}, "env: got [1], expected a table"),
+        ({"path": 5}, "path: got 5, expected str or none"),
+    ],
+)
+def test_wrong_values_name_the_field_the_value_and_what_was_expected(data, message):
+    with pytest.raises(ConfigError) as e:
+        from_dict(Typed, data)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_a_huge_value_is_cut_short_in_the_message():
+    with pytest.raises(ConfigError) as e:
+        from_dict(Typed, {"rate": "x" * 100_000})
+    assert len(str(e.value)) < 300 and "100002 characters" in str(e.value)

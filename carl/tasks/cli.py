@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from carl.sandbox.base import HOST_BACKENDS
 
 
 def register(subparsers) -> None:
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
     b.add_argument("--kinds", default="function,method,class,module,cluster", help="comma list")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--workers", type=int, default=2, help="candidates validated at once (one sandbox each)")
-    b.add_argument("--backend", default="bwrap", choices=["bwrap", "local"], help="sandbox backend")
+    b.add_argument("--backend", default="bwrap", choices=list(HOST_BACKENDS), help="sandbox backend")
     b.add_argument("--catalog", help="dev.jsonl-style file with test_deps / test_command / env per package")
     b.add_argument("--python-env", help="use this venv instead of preparing one per repo")
     b.add_argument(
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
 
     v = sub.add_parser("validate", help="re-check every task: broken fails, gold patch passes")
     v.add_argument("file")
-    v.add_argument("--backend", default="bwrap", choices=["bwrap", "local"])
+    v.add_argument("--backend", default="bwrap", choices=list(HOST_BACKENDS))
     v.add_argument("--timeout", type=float, default=120.0)
     v.set_defaults(func=_validate)
 
@@ -83,7 +84,10 @@ def _build(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     check_sources(args.sources)
     out = Path(args.out)
-    done = finished_specs(out)
+    try:
+        done = finished_specs(out)
+    except ValueError as e:  # a garbled repos.jsonl; the message names the file and line
+        raise UserError(f"cannot resume: {e}") from None
     console = Console(stderr=True)
     results = []
     with Progress(console=console, transient=True) as progress:
@@ -116,11 +120,14 @@ def _build(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from carl.errors import UserError
     from carl.sandbox.base import SandboxConfig
     from carl.tasks.recheck import recheck_task
     from carl.tasks.store import load_tasks
 
     tasks = load_tasks(args.file)
+    if not tasks:
+        raise UserError(f"task file {args.file}: no tasks in it; expected one task record a line")
     console = Console()
     bad = 0
     for t in tasks:
@@ -136,11 +143,17 @@ def _validate(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from carl.errors import UserError
     from carl.tasks.report import stats_tables
     from carl.tasks.store import load_tasks
 
+    tasks = load_tasks(args.file)
+    try:
+        tables = stats_tables(tasks, args.file)
+    except ValueError as e:  # a garbled drops.jsonl in the store; the message names the file and line
+        raise UserError(str(e)) from None
     console = Console()
-    for table in stats_tables(load_tasks(args.file), args.file):
+    for table in tables:
         console.print(table)
     return 0
 

@@ -16,10 +16,13 @@ Paths inside records are written relative to DIR, so a task file and its store m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import typing
 from pathlib import Path
+from typing import Any
 
-from carl.io import append_jsonl, atomic_write_text, read_jsonl
+from carl.io import append_jsonl, atomic_write_text, read_jsonl_numbered
 from carl.sandbox.base import SandboxConfig
 from carl.tasks.record import TaskRecord
 
@@ -46,10 +49,13 @@ def load_tasks(path: str | Path, require_repos: bool = False) -> list[TaskRecord
     if not path.is_file():
         raise UserError(f"task file {str(path)!r} does not exist")
     base = path.resolve().parent
+    try:
+        rows = read_jsonl_numbered(path)
+    except ValueError as e:  # not UTF-8 or not JSON; it names the file and line
+        raise UserError(f"task file {e}") from None
     tasks = []
-    for d in read_jsonl(path):
-        t = TaskRecord.from_dict(d)
-        tasks.append(_absolute(t, base))
+    for lineno, d in rows:
+        tasks.append(_absolute(_record(d, f"task file {path}:{lineno}"), base))
     if require_repos:
         missing = [t for t in tasks if not t.broken_repo or not Path(t.broken_repo).is_dir()]
         if missing:
@@ -107,6 +113,38 @@ def relative_to_tasks_file(path: Path, tasks_path: str | Path) -> str:
         return str(Path(path).resolve().relative_to(base))
     except ValueError:
         return str(Path(path).resolve())
+
+
+def _record(d: Any, where: str) -> TaskRecord:
+    """A TaskRecord from one JSON line, or a UserError naming `where`, what was wrong and what was
+    expected."""
+    from carl.errors import UserError
+
+    if not isinstance(d, dict):
+        raise UserError(f"{where}: got a JSON {type(d).__name__}, expected a task record (a JSON object)")
+    try:
+        t = TaskRecord.from_dict(d)  # reads the SWE-bench forms (lists as JSON strings)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{where}: {e}; expected a task record (carl.tasks.record.TaskRecord)") from None
+    # from_dict leaves other values as they came: check each against its field's type (shallowly:
+    # a deep check of every test id costs more than the parse, and from_dict made those strings).
+    for name, kind in _field_kinds().items():
+        value = getattr(t, name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            shown = repr(value) if len(repr(value)) <= 100 else repr(value)[:100] + "..."
+            raise UserError(f"{where}: {name}: got {shown}, expected {_KIND_NAMES[kind]}")
+    if not all(isinstance(x, (int, float)) for x in t.test_timings.values()):
+        raise UserError(f"{where}: test_timings: expected a JSON object of seconds (numbers)")
+    return t
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", tuple: "a list of strings", dict: "a JSON object"}
+
+
+@functools.cache
+def _field_kinds() -> dict[str, type]:
+    """TaskRecord field -> the type its value must have: str, int, tuple or dict."""
+    return {name: typing.get_origin(tp) or tp for name, tp in typing.get_type_hints(TaskRecord).items()}
 
 
 def _absolute(t: TaskRecord, base: Path) -> TaskRecord:

@@ -7,8 +7,11 @@ Runs are TOML files (configs/*.toml) with dotted command-line overrides:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from carl.harness.agent import EpisodeLimits
+from carl.rl.grpo import GRPOConfig
 from carl.sandbox.base import SandboxConfig
 
 
@@ -60,6 +63,8 @@ class MicroConfig:
     """Tasks kept per generated repo (feature-deletion candidates, stub mode)."""
 
     def __post_init__(self) -> None:
+        if self.difficulty not in (1, 2, 3):
+            raise ValueError(f"micro.difficulty: got {self.difficulty}, expected 1, 2 or 3")
         for name in ("warm_start_repos", "rl_repos", "eval_repos", "modules_per_repo", "defs_per_module",
                      "max_tasks_per_repo"):
             if getattr(self, name) <= 0:
@@ -75,6 +80,9 @@ class LimitsConfig:
     """Total tokens of an episode, all segments together."""
     context_budget_tokens: int = 2048
     wall_time_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        EpisodeLimits(**dataclasses.asdict(self))  # the harness owns what a valid limit is
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,10 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.group_size < 2:
             raise ValueError(f"rollout.group_size: got {self.group_size}, expected >= 2 (advantages are relative)")
+        if self.tasks_per_step < 1:
+            raise ValueError(f"rollout.tasks_per_step: got {self.tasks_per_step}, expected >= 1")
+        if self.max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness: got {self.max_staleness}, expected >= 0 (0 = synchronous)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p: got {self.top_p}, expected in (0, 1]")
         if self.temperature <= 0:
@@ -122,6 +134,20 @@ class WarmStartConfig:
     bad_call: float = 0.15
     wrong_edit: float = 0.15
     skip_read: float = 0.1
+    """bad_call, wrong_edit, skip_read: probabilities of the expert's planted mistakes
+    (carl.micro.expert.ExpertMistakes)."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 0:
+            raise ValueError(f"warm_start.episodes: got {self.episodes}, expected >= 0 (0 skips the warm start)")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"warm_start.{name}: got {getattr(self, name)}, expected >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"warm_start.lr: got {self.lr}, expected > 0")
+        for name in ("bad_call", "wrong_edit", "skip_read"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"warm_start.{name}: got {getattr(self, name)}, expected a probability in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -186,8 +212,22 @@ class RLConfig:
     def __post_init__(self) -> None:
         if self.sd_loss not in ("topk", "sampled"):
             raise ValueError(f"rl.sd_loss: got {self.sd_loss!r}, expected 'topk' or 'sampled'")
+        if self.steps < 0:
+            raise ValueError(f"rl.steps: got {self.steps}, expected >= 0 (0 = no RL)")
         if self.lr <= 0:
             raise ValueError(f"rl.lr: got {self.lr}, expected > 0")
+        if self.grad_clip <= 0:
+            raise ValueError(f"rl.grad_clip: got {self.grad_clip}, expected > 0 (the largest gradient norm)")
+        for name in ("weight_decay", "grpo_weight", "sd_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"rl.{name}: got {getattr(self, name)}, expected >= 0")
+        for name in ("sd_topk", "micro_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rl.{name}: got {getattr(self, name)}, expected >= 1")
+        try:  # carl.rl.grpo owns the clip and importance-weight bounds
+            GRPOConfig(self.clip_eps_low, self.clip_eps_high, self.is_ratio_cap)
+        except ValueError as e:
+            raise ValueError(f"rl.{e}") from None
         if self.kl_coef < 0:
             raise ValueError(f"rl.kl_coef: got {self.kl_coef}, expected >= 0")
         if self.max_wall_s < 0:
@@ -208,6 +248,10 @@ class EvalConfig:
     bound an episode's work."""
 
     def __post_init__(self) -> None:
+        if self.samples_per_task < 1:
+            raise ValueError(f"eval.samples_per_task: got {self.samples_per_task}, expected >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"eval.temperature: got {self.temperature}, expected >= 0 (0 = greedy)")
         if self.wall_time_s < 0:
             raise ValueError(f"eval.wall_time_s: got {self.wall_time_s}, expected >= 0 (0 = limits.wall_time_s)")
 
@@ -233,3 +277,8 @@ class TrainConfig:
     tools: tuple[str, ...] = ("read_file", "edit_file", "run_tests", "finish")
     """Tools offered to the agent (names from carl.harness.tools); fewer tools, shorter prompts."""
     checkpoint_every: int = 1
+    """Save a checkpoint every this many RL steps (and after the last)."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every: got {self.checkpoint_every}, expected >= 1")
