@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
+from carl.sandbox.base import BACKENDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "device and concurrency); the flags below still win where given")
     p.add_argument("--samples", type=int, default=None, help="samples per task (n); pass@k uses k = n (default 4)")
     p.add_argument("--temperature", type=float, default=None, help="(default 0.7)")
-    p.add_argument("--sandbox", default=None, choices=["bwrap", "local"], help="(default bwrap)")
+    p.add_argument("--sandbox", default=None, choices=list(BACKENDS), help="(default bwrap)")
     p.add_argument("--max-turns", type=int, default=None, help="(default 12)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="(default 512)")
     p.add_argument("--wall-time-s", type=float, default=None,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from carl.errors import UserError
+from carl.sandbox.base import BACKENDS
 
 POLICY_SCHEMES = "openai:URL#MODEL (e.g. openai:http://127.0.0.1:8000/v1#my-model) or scripted:FILE"
 
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--repo", required=True, help="repository directory (the sandbox works on a copy)")
     run.add_argument("--task", required=True, help="the task, as text")
     run.add_argument("--policy", required=True, help=POLICY_SCHEMES)
-    run.add_argument("--sandbox", choices=["bwrap", "local"], default="bwrap",
+    run.add_argument("--sandbox", choices=list(BACKENDS), default="bwrap",
                      help="sandbox backend (local isolates nothing: development only)")
     run.add_argument("--out", required=True, help="where to write the trajectory JSON")
     run.add_argument("--max-turns", type=int, default=None, help="most assistant messages (default: 50)")

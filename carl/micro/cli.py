@@ -9,13 +9,14 @@ policy is scripted (it knows the gold patch, and makes one recoverable mistake o
 from __future__ import annotations
 
 import argparse
+from carl.sandbox.base import BACKENDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="a scripted agent solves a generated repo task in a sandbox (transcript)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--difficulty", type=int, default=2, choices=[1, 2, 3])
-    p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "local"])
+    p.add_argument("--sandbox", default="bwrap", choices=list(BACKENDS))
     p.add_argument("--workdir", default=None, help="where to build the task (default: a temp dir)")
     p.set_defaults(func=run)
 

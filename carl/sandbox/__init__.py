@@ -4,18 +4,32 @@
         res = sb.exec("pytest -q", timeout_s=60)
         sb.write_file("src/x.py", b"...")
 
-Backends: "bwrap" (default; bubblewrap namespaces, see carl.sandbox.bwrap), "local" (no
-isolation at all; development only), "remote" (a `carl env serve` server, see
-carl.sandbox.client). What each does not guarantee is written in docs/sandbox.md.
+Backends (`BACKENDS`, the one list every CLI and config takes its choices from): "bwrap"
+(default; bubblewrap namespaces, see carl.sandbox.bwrap), "gvisor" (gVisor's runsc, a user-space
+kernel between the agent and the host, see carl.sandbox.gvisor), "local" (no isolation at all;
+development only), "remote" (a `carl env serve` server, see carl.sandbox.client). What each
+does not guarantee is written in docs/sandbox.md.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from carl.sandbox.base import ExecResult, FileEntry, Sandbox, SandboxConfig, SandboxError, SandboxPathError
+from carl.sandbox.base import (
+    BACKENDS,
+    HOST_BACKENDS,
+    ExecResult,
+    FileEntry,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxPathError,
+)
 
 __all__ = [
+    "BACKENDS",
+    "HOST_BACKENDS",
     "ExecResult",
     "FileEntry",
     "Sandbox",
@@ -33,14 +47,5 @@ def open_sandbox(source_dir: str | Path, config: SandboxConfig | None = None) ->
     "server:", which names a path on the server's own filesystem. config defaults to SandboxConfig().
     """
     config = config or SandboxConfig()
-    if config.backend == "local":
-        from carl.sandbox.local import LocalSandbox
-
-        return LocalSandbox(source_dir, config)
-    if config.backend == "bwrap":
-        from carl.sandbox.bwrap import BwrapSandbox
-
-        return BwrapSandbox(source_dir, config)
-    from carl.sandbox.client import RemoteSandbox
-
-    return RemoteSandbox(source_dir, config)
+    module_name, class_name = BACKENDS[config.backend].split(":")
+    return getattr(importlib.import_module(module_name), class_name)(source_dir, config)

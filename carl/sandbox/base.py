@@ -5,9 +5,10 @@ visible in the source or in another sandbox. Commands run with the workspace as 
 directory. Paths given to read/write/list are relative to the workspace (absolute paths and
 `..` that leave it are rejected with SandboxPathError).
 
-Backends (carl.sandbox.open_sandbox): "local" (a temp-dir copy, no isolation, development
-only), "bwrap" (bubblewrap namespaces, the default), "remote" (an HTTP environment server).
-What each backend does not guarantee: docs/sandbox.md.
+Backends (`BACKENDS` below, opened by carl.sandbox.open_sandbox): "bwrap" (bubblewrap
+namespaces, the default), "gvisor" (gVisor's runsc), "local" (a temp-dir copy, no isolation,
+development only), "remote" (an HTTP environment server). What each backend does not
+guarantee: docs/sandbox.md.
 """
 
 from __future__ import annotations
@@ -17,19 +18,38 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
+BACKENDS: dict[str, str] = {
+    "bwrap": "carl.sandbox.bwrap:BwrapSandbox",
+    "gvisor": "carl.sandbox.gvisor:GvisorSandbox",
+    "local": "carl.sandbox.local:LocalSandbox",
+    "remote": "carl.sandbox.client:RemoteSandbox",
+}
+"""Every sandbox backend: name -> "module:class". The one list CLIs and configs take choices from."""
+HOST_BACKENDS: tuple[str, ...] = tuple(b for b in BACKENDS if b != "remote")
+"""Backends that run sandboxes on this machine (what an environment server can host)."""
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     backend: str = "bwrap"
-    """One of "local", "bwrap", "remote" (see carl.sandbox.open_sandbox)."""
+    """One of BACKENDS: "bwrap", "gvisor", "local", "remote" (see carl.sandbox.open_sandbox)."""
     timeout_s: float = 60.0
     """Default wall-clock limit of one exec; the whole process group is killed when it passes."""
     memory_mb: int = 4096
-    """Address-space limit per process (RLIMIT_AS), in MiB."""
+    """Memory limit in MiB: of the sandbox's processes together (a cgroup, where the host can make
+    one: bwrap, gvisor) and of each process's address space (RLIMIT_AS, every backend)."""
     cpu_s: int = 600
     """CPU-time limit per process (RLIMIT_CPU), in seconds."""
+    cpus: float = 2.0
+    """CPU cores the sandbox's processes may use together (a cgroup CPU quota, where available)."""
     max_procs: int = 256
-    """Process limit (RLIMIT_NPROC). bwrap: counts only this sandbox's processes (a uid of its own
-    when the host runs as root, its own user namespace otherwise); local: not applied."""
+    """Process limit: of the sandbox as a whole (cgroup pids limit, where available) and RLIMIT_NPROC
+    (bwrap: counts only this sandbox's processes; local: not applied)."""
+    disk_mb: int = 2048
+    """Size limit in MiB of what the sandbox can write (workspace and /tmp together): the copy lives
+    on a tmpfs of this size when the host runs as root (bwrap, gvisor); not enforced otherwise."""
+    max_file_bytes: int = 32 << 20
+    """read_file refuses files larger than this (checked before reading)."""
     max_output_bytes: int = 1_000_000
     """stdout and stderr of one exec are each cut to this many bytes (a truncation marker is added)."""
     network: bool = False
@@ -50,9 +70,10 @@ class SandboxConfig:
     """remote backend: the server's bearer token (default: $CARL_ENV_TOKEN)."""
 
     def __post_init__(self) -> None:
-        if self.backend not in ("local", "bwrap", "remote"):
-            raise ValueError(f"sandbox.backend: got {self.backend!r}, expected one of local, bwrap, remote")
-        for name in ("timeout_s", "memory_mb", "cpu_s", "max_procs", "max_output_bytes"):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"sandbox.backend: got {self.backend!r}, expected one of {', '.join(BACKENDS)}")
+        for name in ("timeout_s", "memory_mb", "cpu_s", "cpus", "max_procs", "disk_mb", "max_file_bytes",
+                     "max_output_bytes"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name}: got {getattr(self, name)!r}, expected a positive number")
 

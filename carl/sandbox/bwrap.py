@@ -3,61 +3,59 @@
 What a command inside sees and may do:
 - the workspace (a private copy of the repository) read-write at /workspace, its cwd;
 - a private, persistent /tmp (a host directory of this sandbox, deleted on close);
-- /usr (with /bin, /lib* as on the host), a few files of /etc, python_env and ro_binds,
-  all read-only; nothing else of the host (no home, no /work, no /root, no /opt, ...);
+- /usr (with /bin, /lib* as on the host), python_env and ro_binds, all read-only; an /etc
+  (mode 0755) of generated passwd, group, hosts and nsswitch.conf (the sandbox user has a name,
+  `localhost` resolves) and a few read-only host files; nothing else of the host (no home, no
+  /work, no /root, no /opt, ...);
 - no network (its own network namespace with only loopback, which is up) unless
   config.network; its own PID, IPC and UTS namespaces; a new session (no TIOCSTI into ours);
-- rlimits per process: CPU seconds, address space, no core files; and a process limit that
-  counts only this sandbox's processes (see below);
+- a seccomp filter (carl.sandbox.seccomp): no new namespaces, keyring, bpf, ptrace, perf
+  events, io_uring, mounts or kernel modules;
+- limits of the sandbox as a whole, where the host can make cgroups (carl.sandbox.cgroup):
+  memory (memory_mb), processes (max_procs), CPU quota (cpus); per process rlimits as well
+  (CPU seconds, address space, no core files, a process count of this sandbox's uid);
+- a disk quota when the host runs as root: the copy and /tmp live on a tmpfs of disk_mb;
 - a wall-clock limit: bwrap is the leader of its own process group, and killing that group
   kills bwrap's init (--die-with-parent), which tears down the whole PID namespace, children,
   grandchildren and setsid() escapees included. The namespace also dies when the command ends,
-  so nothing runs between two execs.
+  so nothing runs between two execs (but calls of one message run concurrently: the host's
+  file operations are race-proof on their own, see carl.sandbox.workspace).
 
 Process limit. RLIMIT_NPROC counts processes per user, and root is exempt from it. So:
 - host runs as root: bwrap runs privileged (no user namespace) and the command drops, via
   setpriv, to a uid of its own (leased from a range, one per open sandbox, held by a lock
-  file) with no capabilities; the workspace belongs to that uid. The limit then counts this
-  sandbox's processes only, and a fork bomb cannot touch the host's or other sandboxes'.
+  file) with no capabilities; the workspace belongs to that uid, and the host's own file
+  operations on it run with that uid as their filesystem id.
 - host runs as a normal user: bwrap makes a user namespace; since Linux 5.14 the count is per
   (user namespace, uid), so the limit set inside counts this sandbox only as well.
 
-NOT guaranteed (see docs/sandbox.md): the kernel is the host's (a kernel bug is an escape);
-no seccomp filter; memory is limited per process (RLIMIT_AS), not per sandbox, and disk use
-in /workspace and /tmp is not limited; CPU time and timing side channels are shared with the
-host; the host's /usr and selected /etc files (user names, hostname file) are readable.
+NOT guaranteed (see docs/sandbox.md): the kernel is the host's (a kernel bug reachable through
+the allowed system calls is an escape; gvisor puts a user-space kernel in between); without a
+writable cgroup hierarchy memory and processes are limited per process only, and without root
+there is no disk quota; CPU time and timing side channels are shared with the host; the host's
+/usr and the listed /etc files are readable.
 """
-
 from __future__ import annotations
 
-import fcntl
 import os
-import random
 import shutil
-import stat
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-from carl.sandbox.base import ExecResult, FileEntry, SandboxConfig, SandboxError, SandboxPathError
+from carl.sandbox.base import ExecResult, FileEntry, SandboxConfig, SandboxError
+from carl.sandbox.host import ETC_FILES, GENERATED_ETC, HOSTNAME, HostSide, read_only_paths, sandbox_env, under
 from carl.sandbox.process import kill_group, run_process
-from carl.sandbox.workspace import Workspace, chown_tree, copy_tree, make_scratch_dir, remove_tree
+from carl.sandbox.seccomp import filter_program
 
 WORKDIR = "/workspace"
 """Where the workspace appears inside the sandbox."""
 STARTED_MARK = b"started"
 """Written to a pipe by the sandbox's last step before the command (no mark: the setup failed)."""
-UID_BASE, UID_COUNT = 2_000_000, 1_000_000
-"""Range of host uids leased to sandboxes when the host runs as root (far from real users)."""
 SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 """Top-level paths that are symlinks into /usr on merged-/usr systems, or directories otherwise."""
-ETC_FILES = (
-    "passwd", "group", "hosts", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "alternatives", "localtime", "os-release", "mime.types", "protocols", "services", "ssl",
-    "ca-certificates", "gai.conf", "host.conf", "bash.bashrc", "inputrc", "magic", "magic.mime",
-)  # fmt: skip
-"""The /etc entries bound read-only (when they exist); the rest of /etc stays hidden."""
+SECCOMP_PROGRAM = filter_program()
+"""The seccomp filter every command runs under (None on architectures without a syscall table)."""
 
 
 def bwrap_available() -> bool:
@@ -74,23 +72,11 @@ class BwrapSandbox:
         self._bwrap = shutil.which("bwrap")
         if not self._bwrap:
             raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-        self._ro_binds = _extra_ro_binds(config)
+        self._ro_binds = read_only_paths(config)
         self._running: set[int] = set()
         self._closed = True  # until fully built; __del__ and close() skip a half-made sandbox
-        self._uid_lease: _UidLease | None = None
-        self._tmp: Path | None = None
-        try:
-            self._uid_lease = _UidLease() if os.geteuid() == 0 else None
-            self._tmp = make_scratch_dir("carl-bwrap-", config.scratch_dir)
-            copy_tree(Path(source_dir), self._tmp / "workspace")
-            (self._tmp / "tmp").mkdir()
-            if self._uid_lease:
-                chown_tree(self._tmp, self._uid_lease.uid, self._uid_lease.uid)
-        except BaseException:
-            self._release()
-            raise
-        owner = (self._uid_lease.uid, self._uid_lease.uid) if self._uid_lease else None
-        self._ws = Workspace(self._tmp / "workspace", owner=owner)
+        self._host = HostSide(source_dir, config, inner_root=WORKDIR)
+        self._ws = self._host.workspace
         self._closed = False
 
     def exec(
@@ -103,29 +89,28 @@ class BwrapSandbox:
         stdin: str | None = None,
     ) -> ExecResult:
         self._check_open()
-        host_cwd = self._ws.resolve(cwd)
-        if not host_cwd.is_dir():
-            raise SandboxPathError(f"cwd {cwd!r} is not a directory")
-        inner_cwd = f"{WORKDIR}/{self._ws.relative(host_cwd)}".removesuffix("/.")
+        inner_cwd = f"{WORKDIR}/{self._ws.directory(cwd)}".removesuffix("/.")
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
-        full_env = {**self._base_env(), **self.config.env, **(env or {})}
+        full_env = {**sandbox_env(self.config, WORKDIR), **self.config.env, **(env or {})}
         status_r, status_w = os.pipe()
+        seccomp_fd = _pipe_with(SECCOMP_PROGRAM) if SECCOMP_PROGRAM else -1
         try:
+            bwrap_argv = self._argv(argv, inner_cwd, full_env, started_fd=status_w, seccomp_fd=seccomp_fd)
             res = run_process(
-                self._argv(argv, inner_cwd, full_env, started_fd=status_w),
+                self._host.cgroup.wrap(bwrap_argv) if self._host.cgroup else bwrap_argv,
                 timeout_s=timeout_s or self.config.timeout_s,
                 max_output_bytes=self.config.max_output_bytes,
                 stdin=stdin,
                 running=self._running,
-                pass_fds=(status_w,),
+                pass_fds=(status_w,) if seccomp_fd < 0 else (status_w, seccomp_fd),
             )
             os.close(status_w)
             status_w = -1
             started = _read_all(status_r).startswith(STARTED_MARK)  # the command may write more
         finally:
-            os.close(status_r)
-            if status_w >= 0:
-                os.close(status_w)
+            for fd in (status_r, status_w, seccomp_fd):
+                if fd >= 0:
+                    os.close(fd)
         if not started and not res.timed_out:
             # The mark is written once bwrap's setup succeeded, before the command runs, so a command
             # cannot fake an infrastructure failure (which would mask its own reward).
@@ -150,7 +135,7 @@ class BwrapSandbox:
         self._closed = True
         for pgid in list(self._running):
             kill_group(pgid)
-        self._release()
+        self._host.close()
 
     def __enter__(self) -> Self:
         return self
@@ -164,58 +149,56 @@ class BwrapSandbox:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _argv(self, argv: list[str], inner_cwd: str, env: dict[str, str], started_fd: int) -> list[str]:
+    def _argv(
+        self, argv: list[str], inner_cwd: str, env: dict[str, str], started_fd: int, seccomp_fd: int
+    ) -> list[str]:
         """The full bwrap command line for one exec: bwrap sh(mark started) [setpriv] prlimit argv."""
         cfg = self.config
-        args = [self._bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        as_root = os.geteuid() == 0
+        args = [self._bwrap, "--die-with-parent", "--new-session", "--hostname", HOSTNAME]
         args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         if not cfg.network:
             args.append("--unshare-net")
-        if self._uid_lease is None:
+        if not as_root:
             args.append("--unshare-user")
-        args += _system_binds()
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--bind", str(self._tmp / "tmp"), "/tmp", "--bind", str(self._ws.root), WORKDIR]
+        args += self._system_binds()
+        args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self._host.shm), "/dev/shm"]
+        args += ["--bind", str(self._host.tmp), "/tmp", "--bind", str(self._ws.root), WORKDIR]
         args += _ro_bind_args(self._ro_binds)
         args += ["--chdir", inner_cwd, "--clearenv"]
         for key, value in env.items():
             args += ["--setenv", key, value]
+        if seccomp_fd >= 0:
+            args += ["--seccomp", str(seccomp_fd)]
         # The first process inside marks that bwrap's setup succeeded (dash has no `>&N` for N > 9).
         mark = f'printf {STARTED_MARK.decode()} >/proc/self/fd/{started_fd} && exec "$@"'
-        if self._uid_lease:
+        if as_root:
             args += ["--cap-add", "CAP_SETUID,CAP_SETGID"]
         args += ["--", "/bin/sh", "-c", mark, "sh"]
-        if self._uid_lease:
-            uid = str(self._uid_lease.uid)
-            args += ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups"]
+        if as_root:
+            uid, gid = str(self._host.uid), str(self._host.gid)
+            args += ["setpriv", "--reuid", uid, "--regid", gid, "--clear-groups"]
             args += ["--inh-caps=-all", "--bounding-set=-all", "--"]
         args += ["prlimit", f"--nproc={cfg.max_procs}", f"--as={cfg.memory_mb * 1024 * 1024}"]
         args += [f"--cpu={cfg.cpu_s}", "--core=0", "--", *argv]
         return args
 
-    def _base_env(self) -> dict[str, str]:
-        path = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-        env = {
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            "USER": "agent",
-            "LOGNAME": "agent",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "PYTHONPATH": WORKDIR,
-        }
-        if self.config.python_env:
-            venv = os.path.abspath(self.config.python_env)
-            path = f"{venv}/bin:{path}"
-            env["VIRTUAL_ENV"] = venv
-        env["PATH"] = path
-        return env
-
-    def _release(self) -> None:
-        if self._tmp is not None:
-            remove_tree(self._tmp)
-        if self._uid_lease:
-            self._uid_lease.release()
+    def _system_binds(self) -> list[str]:
+        """/usr, the top-level links into it, and an /etc of generated and selected host files (0755:
+        a directory bwrap makes for a bind's parent is 0700, which the sandbox user could not enter)."""
+        args = ["--ro-bind", "/usr", "/usr"]
+        for name in SYSTEM_LINKS:
+            host = Path("/") / name
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), str(host)]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), str(host)]
+        args += ["--perms", "0755", "--dir", "/etc"]
+        for name in GENERATED_ETC:
+            args += ["--ro-bind", str(self._host.etc / name), f"/etc/{name}"]
+        for name in ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        return args
 
     def _check_open(self) -> None:
         if self._closed:
@@ -234,46 +217,6 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _system_binds() -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for name in SYSTEM_LINKS:
-        host = Path("/") / name
-        if host.is_symlink():
-            args += ["--symlink", os.readlink(host), str(host)]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), str(host)]
-    for name in ETC_FILES:
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    return args
-
-
-def _extra_ro_binds(config: SandboxConfig) -> list[str]:
-    """Host paths to bind read-only at the same path: ro_binds, python_env and its base Python."""
-    paths = []
-    for p in config.ro_binds:
-        if not os.path.exists(p):
-            raise SandboxError(f"sandbox.ro_binds: {p!r} does not exist")
-        paths.append(os.path.abspath(p))
-    if config.python_env:
-        paths += python_env_paths(config.python_env)
-    return paths
-
-
-def python_env_paths(venv: str | Path) -> list[str]:
-    """The venv and the prefix of the interpreter its bin/python links to (when outside /usr)."""
-    venv = Path(venv).absolute()
-    python = venv / "bin" / "python"
-    if not python.exists():
-        raise SandboxError(
-            f"sandbox.python_env: {str(venv)!r} has no bin/python; expected a virtual environment"
-        )
-    paths = [str(venv)]
-    base_prefix = Path(os.path.realpath(python)).parent.parent
-    if not _under(str(base_prefix), ["/usr"]) and not _under(str(base_prefix), [str(venv)]):
-        paths.append(str(base_prefix))
-    return paths
-
-
 def _ro_bind_args(paths: list[str]) -> list[str]:
     """--ro-bind each path at the same place, first creating missing parent dirs as 0755.
 
@@ -283,7 +226,7 @@ def _ro_bind_args(paths: list[str]) -> list[str]:
     made = {"/", "/tmp", "/usr", "/etc", WORKDIR}
     bound: list[str] = ["/usr"]
     for path in sorted(set(paths), key=lambda p: (p.count("/"), p)):
-        if _under(path, bound):
+        if under(path, bound):
             continue
         parents = []
         parent = os.path.dirname(path)
@@ -299,44 +242,11 @@ def _ro_bind_args(paths: list[str]) -> list[str]:
     return args
 
 
-def _under(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-class _UidLease:
-    """A host uid of our own for one sandbox, held by an flock on a lock file (root only).
-
-    The lock file is deleted on release (while still locked), so the directory holds one file per
-    open sandbox; a lock taken on a file that was deleted meanwhile is detected and retried.
-    """
-
-    LOCK_DIR = Path(tempfile.gettempdir()) / "carl-sandbox-uids"
-
-    def __init__(self) -> None:
-        self.LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        st = self.LOCK_DIR.lstat()
-        if st.st_uid != 0 or not stat.S_ISDIR(st.st_mode) or st.st_mode & 0o077:
-            raise SandboxError(f"{self.LOCK_DIR} must be a directory owned by root with mode 0700")
-        for _ in range(64):
-            uid = UID_BASE + random.randrange(UID_COUNT)
-            path = self.LOCK_DIR / str(uid)
-            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.fstat(fd).st_ino != os.stat(path).st_ino:
-                    raise FileNotFoundError  # its holder deleted it between our open and flock
-            except (BlockingIOError, FileNotFoundError):
-                os.close(fd)
-                continue
-            self.uid, self._fd, self._path = uid, fd, path
-            return
-        raise SandboxError("could not lease a sandbox uid (64 tries); too many open sandboxes?")
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            try:
-                os.unlink(self._path)
-            except FileNotFoundError:
-                pass
-            os.close(self._fd)
-            self._fd = -1
+def _pipe_with(data: bytes) -> int:
+    """The read end of a pipe holding data (a seccomp program is far below a pipe's capacity)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+    finally:
+        os.close(w)
+    return r

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from carl.sandbox.base import BACKENDS
 
 
 def register(subparsers) -> None:
     group = subparsers.add_parser("sandbox", help="run commands in a fresh sandbox")
     sub = group.add_subparsers(dest="sandbox_command", metavar="COMMAND", required=True)
     run = sub.add_parser("run", help="run one command in a fresh sandbox over a copy of DIR")
-    run.add_argument("--backend", default="bwrap", choices=["bwrap", "local", "remote"])
+    run.add_argument("--backend", default="bwrap", choices=list(BACKENDS))
     run.add_argument("--workspace", required=True, metavar="DIR", help="directory to copy into the sandbox")
     run.add_argument("--timeout-s", type=float, default=60.0, help="wall-clock limit (default 60)")
     run.add_argument(

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-from carl.sandbox.base import ExecResult, FileEntry, SandboxConfig, SandboxError, SandboxPathError
+from carl.sandbox.base import ExecResult, FileEntry, SandboxConfig, SandboxError
 from carl.sandbox.process import kill_group, run_process
-from carl.sandbox.workspace import Workspace, copy_tree, make_scratch_dir
+from carl.sandbox.scratch import Scratch, copy_tree, scratch_prefix
+from carl.sandbox.workspace import Workspace
 
 _warned = False
 
@@ -31,13 +32,13 @@ class LocalSandbox:
     def __init__(self, source_dir: str | Path, config: SandboxConfig | None = None):
         _warn_once()
         self.config = config or SandboxConfig(backend="local")
-        self._tmp = make_scratch_dir("carl-local-", self.config.scratch_dir)
+        self._scratch = Scratch(scratch_prefix("local"), self.config.scratch_dir, disk_mb=None)
         try:
-            copy_tree(Path(source_dir), self._tmp / "workspace")
+            copy_tree(Path(source_dir), self._scratch.path / "workspace")
         except BaseException:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._scratch.close()
             raise
-        self._ws = Workspace(self._tmp / "workspace")
+        self._ws = Workspace(self._scratch.path / "workspace", max_file_bytes=self.config.max_file_bytes)
         self.workdir = str(self._ws.root)
         self._running: set[int] = set()
         self._closed = False
@@ -52,9 +53,7 @@ class LocalSandbox:
         stdin: str | None = None,
     ) -> ExecResult:
         self._check_open()
-        workdir = self._ws.resolve(cwd)
-        if not workdir.is_dir():
-            raise SandboxPathError(f"cwd {cwd!r} is not a directory")
+        workdir = self._ws.root / self._ws.directory(cwd)
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
         limits = [f"--as={self.config.memory_mb * 1024 * 1024}", f"--cpu={self.config.cpu_s}", "--core=0"]
         full_env = dict(os.environ)
@@ -92,7 +91,7 @@ class LocalSandbox:
             self._closed = True
             for pgid in list(self._running):
                 kill_group(pgid)
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._scratch.close()
 
     def __enter__(self) -> Self:
         return self
