@@ -3,8 +3,10 @@
 The source directory is uploaded as a tar.gz, or, given as "server:/path", copied on the server
 from its own filesystem. A daemon thread sends a heartbeat every ttl_s / 3 so that the server
 keeps the sandbox while this process lives; when the process dies, the server reaps it after
-ttl_s. Server and transport errors surface as SandboxError (infrastructure) and SandboxPathError
-(a bad path), never as HTTP exceptions.
+ttl_s. Server and transport errors surface as SandboxPathError (a bad path: kind "path") and
+SandboxError (everything else, with the HTTP status, the kind and the server's message: a
+malformed request, a body over the server's cap, a sandbox failure, ...; see carl.sandbox.server),
+never as HTTP exceptions.
 """
 
 from __future__ import annotations
@@ -135,8 +137,11 @@ class RemoteSandbox:
             return resp.json()
         try:
             detail = resp.json()
-            kind, message = detail.get("kind", "http"), detail.get("message") or detail.get("detail")
         except ValueError:
+            detail = None
+        if isinstance(detail, dict):  # the server's {"kind", "message"}, or FastAPI's {"detail"}
+            kind, message = detail.get("kind", "http"), detail.get("message") or detail.get("detail")
+        else:  # not from carl's server (a proxy, a load balancer)
             kind, message = "http", resp.text[:500]
         if kind == "path":
             raise SandboxPathError(message)

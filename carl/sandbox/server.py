@@ -1,7 +1,8 @@
 """The environment server: many sandboxes behind HTTP, for remote rollout workers.
 
     rollout worker                          carl env serve (this module)
-    RemoteSandbox ---- POST /v1/sandboxes ---> open_sandbox(copy of a server path or upload)
+    RemoteSandbox ---- POST /v1/sandboxes ---> _Gate: token, then the body read under a size cap
+         |                                     open_sandbox(copy of a server path or upload)
          |        ---- POST .../{id}/exec ---> sandbox.exec(...)         (thread pool)
          |        ---- read/write/list ------> sandbox.read_file(...)
     heartbeat thread -- POST .../heartbeat --> last_seen = now           (event loop, cheap)
@@ -9,31 +10,52 @@
                                              reaper thread: close sandboxes whose last_seen is
                                              older than ttl_s and that run no request
 
-Every request but GET /v1/health needs `Authorization: Bearer <token>` (401 otherwise).
-Whoever holds the token runs arbitrary code in sandboxes and can copy any path the server can
-read into one: the token is full trust, keep the server on a private network.
-Errors are JSON {"kind": "path" | "sandbox" | "capacity" | "not_found" | "auth", "message"}:
-400 path (SandboxPathError), 404 unknown sandbox, 429 at max_sandboxes, 500 sandbox failure.
+Every request but GET /v1/health needs `Authorization: Bearer <token>`; the check runs before a
+byte of the body is read. Whoever holds the token runs arbitrary code in sandboxes and can copy
+any path the server can read into one: the token is full trust, keep the server on a private
+network. Every field of every request is checked for its type and range before it is used.
+
+Errors are JSON {"kind", "message"}; the client turns "path" into SandboxPathError and the rest
+into SandboxError:
+
+    400 request     a malformed body or query: not JSON, not an object, a field missing, of the
+                    wrong type or out of range, invalid base64 (the message names the field, the
+                    value and what was expected)
+    400 path        a path that leaves the workspace or does not exist (SandboxPathError)
+    401 auth        missing or wrong bearer token (the body is never read)
+    404 not_found   unknown sandbox id (closed, reaped, never made)
+    413 too_large   a body over max_request_mb (max_upload_mb for uploads); refused while reading
+    429 capacity    max_sandboxes are open
+    500 sandbox     the sandbox failed (SandboxError)
+    500 internal    a bug in the server
 """
 
 import base64
 import dataclasses
 import hmac
 import io
+import json
+import math
 import secrets
-import shutil
 import tarfile
 import tempfile
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from carl.sandbox.base import SandboxConfig, SandboxError, SandboxPathError
+from carl.sandbox.host import sweep_leftovers
+from carl.sandbox.scratch import Scratch, sweep_stale
 
-CLIENT_FIELDS = ("timeout_s", "memory_mb", "cpu_s", "max_procs", "max_output_bytes", "network",
-                 "python_env", "ro_binds", "env")  # fmt: skip
+CLIENT_FIELDS = ("timeout_s", "memory_mb", "cpu_s", "cpus", "max_procs", "disk_mb", "max_file_bytes",
+                 "max_output_bytes", "network", "python_env", "ro_binds", "env")  # fmt: skip
 """SandboxConfig fields a client may set per sandbox; the backend is the server's."""
+HEALTH_PATH = "/v1/health"
+UPLOAD_PATH = "/v1/sandboxes/upload"
+UPLOAD_PREFIX = "carl-upload-"
+"""Upload staging directories in the temp dir (swept at start when their server was killed)."""
 
 
 @dataclass(frozen=True)
@@ -45,14 +67,20 @@ class ServerConfig:
     ttl_s: float = 300.0
     """A sandbox whose client sent nothing (heartbeats included) for this long is closed."""
     max_upload_mb: int = 512
-    """Largest accepted tar.gz upload of a source directory, in MiB."""
+    """Largest accepted tar.gz upload of a source directory, in MiB (HTTP 413 beyond)."""
+    max_request_mb: int = 64
+    """Largest accepted body of every other request, in MiB (HTTP 413 beyond). write_file sends
+    its data base64-encoded (4/3 of its size): 64 MiB takes a file of max_file_bytes (32 MiB)."""
+    max_timeout_s: float = 3600.0
+    """Longest time limit a client may ask for: an exec's timeout_s or a sandbox's (HTTP 400
+    beyond). Bounds how long one request can hold a thread and keep its sandbox from the reaper."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Defaults for the sandboxes; its backend ("bwrap" or "local") is what the server runs."""
 
     def __post_init__(self) -> None:
         if not self.token:
             raise ValueError("env.token: empty; the server runs arbitrary code and needs a token")
-        for name in ("max_sandboxes", "ttl_s", "max_upload_mb"):
+        for name in ("max_sandboxes", "ttl_s", "max_upload_mb", "max_request_mb", "max_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"env.{name}: got {getattr(self, name)!r}, expected a positive number")
         if self.sandbox.backend == "remote":
@@ -80,15 +108,9 @@ class SandboxPool:
     def start(self) -> None:
         self._reaper.start()
 
-    def create(self, source: Path, overrides: dict) -> tuple[str, object]:
+    def create(self, source: Path, config: SandboxConfig) -> tuple[str, object]:
         from carl.sandbox import open_sandbox
 
-        unknown = set(overrides) - set(CLIENT_FIELDS)
-        if unknown:
-            raise ValueError(f"config fields not settable by a client: {sorted(unknown)}")
-        if "ro_binds" in overrides:
-            overrides["ro_binds"] = tuple(overrides["ro_binds"])
-        config = dataclasses.replace(self.config.sandbox, **overrides)
         with self._lock:
             if len(self._entries) + self._reserved >= self.config.max_sandboxes:
                 raise _Capacity(f"server is at max_sandboxes={self.config.max_sandboxes}; close one first")
@@ -182,7 +204,7 @@ class _NotFound(Exception):
 
 
 def create_app(config: ServerConfig):
-    """The FastAPI app (imports FastAPI lazily so that `carl --help` stays fast)."""
+    """The FastAPI app behind _Gate (imports FastAPI lazily so that `carl --help` stays fast)."""
     from contextlib import asynccontextmanager
 
     import anyio.to_thread
@@ -195,6 +217,11 @@ def create_app(config: ServerConfig):
     async def lifespan(app):
         # Blocking endpoints share one thread pool: let every sandbox run one exec at once.
         anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, 2 * config.max_sandboxes)
+        # What a killed server left: its staging directories, and its sandboxes' copies, quota
+        # mounts, cgroups and uid lock files (cleaned now, not when the first sandbox opens).
+        sweep_stale(UPLOAD_PREFIX, Path(tempfile.gettempdir()))
+        if config.sandbox.backend != "local":
+            sweep_leftovers(config.sandbox)
         pool.start()
         yield
         pool.close_all()
@@ -204,10 +231,6 @@ def create_app(config: ServerConfig):
 
     def error(status: int, kind: str, message: str) -> JSONResponse:
         return JSONResponse(status_code=status, content={"kind": kind, "message": message})
-
-    @app.exception_handler(_Auth)
-    async def on_auth(request, exc):
-        return error(401, "auth", str(exc))
 
     @app.exception_handler(_NotFound)
     async def on_not_found(request, exc):
@@ -229,100 +252,231 @@ def create_app(config: ServerConfig):
     async def on_sandbox(request, exc):
         return error(500, "sandbox", str(exc))
 
-    @app.exception_handler(KeyError)
-    async def on_missing(request, exc):
-        return error(400, "request", f"request body lacks field {exc}")
+    @app.exception_handler(Exception)
+    async def on_bug(request, exc):  # still logged with its traceback by the server
+        return error(500, "internal", f"{type(exc).__name__}: {exc}")
 
-    async def check_token(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), config.token.encode()):
-            raise _Auth("missing or wrong bearer token")
+    async def json_body(request: Request) -> dict:
+        """The body as a JSON object (the gate has already read it, under the size cap)."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError as e:  # not UTF-8, or not JSON
+            raise ValueError(f"request body: not valid JSON ({e}); expected a JSON object") from None
+        if not isinstance(body, dict):
+            raise _bad("request body", body, "a JSON object")
+        return body
 
-    auth = [Depends(check_token)]
-
-    @app.get("/v1/health")
+    @app.get(HEALTH_PATH)
     async def health():
         return {"ok": True}
 
-    @app.post("/v1/sandboxes", dependencies=auth)
-    def create_from_path(body: dict):
-        source = body.get("source_path")
-        if not isinstance(source, str) or not Path(source).is_dir():
+    @app.post("/v1/sandboxes")
+    def create_from_path(body: dict = Depends(json_body)):
+        source = _field(body, "source_path", "a directory on the server", lambda v: isinstance(v, str))
+        sandbox_config = _client_config(config, _field(body, "config", "a JSON object", _is_object, {}))
+        if not Path(source).is_dir():
             raise SandboxPathError(f"source_path {source!r} is not a directory on the server")
-        sandbox_id, sandbox = pool.create(Path(source), dict(body.get("config") or {}))
+        sandbox_id, sandbox = pool.create(Path(source), sandbox_config)
         return {"id": sandbox_id, "workdir": sandbox.workdir, "ttl_s": config.ttl_s}
 
-    @app.post("/v1/sandboxes/upload", dependencies=auth)
+    @app.post(UPLOAD_PATH)
     async def create_from_upload(request: Request):
-        import json
-
-        overrides = json.loads(request.query_params.get("config") or "{}")
+        raw = request.query_params.get("config", "{}")
+        try:
+            overrides = json.loads(raw)
+        except ValueError:
+            raise _bad("config", raw, "a JSON object of SandboxConfig fields") from None
+        sandbox_config = _client_config(config, overrides)
         data = await request.body()
-        if len(data) > config.max_upload_mb * 1024 * 1024:
-            raise ValueError(f"upload is {len(data)} bytes; max_upload_mb={config.max_upload_mb}")
-        sandbox_id, sandbox = await anyio.to_thread.run_sync(_create_from_tar, pool, data, overrides)
+        sandbox_id, sandbox = await anyio.to_thread.run_sync(_create_from_tar, pool, data, sandbox_config)
         return {"id": sandbox_id, "workdir": sandbox.workdir, "ttl_s": config.ttl_s}
 
-    @app.post("/v1/sandboxes/{sandbox_id}/exec", dependencies=auth)
-    def exec_(sandbox_id: str, body: dict):
+    @app.post("/v1/sandboxes/{sandbox_id}/exec")
+    def exec_(sandbox_id: str, body: dict = Depends(json_body)):
+        command = _field(body, "command", "a string or a non-empty list of strings", _is_command)
+        timeout_s = _field(
+            body, "timeout_s", f"null or seconds in (0, {config.max_timeout_s:g}]",
+            lambda v: v is None or _is_number(v) and 0 < v <= config.max_timeout_s, None,
+        )  # fmt: skip
+        cwd = _field(body, "cwd", "a path string", lambda v: isinstance(v, str), ".")
+        env = _field(
+            body, "env", "null or a JSON object of string values",
+            lambda v: v is None or _is_object(v) and all(isinstance(x, str) for x in v.values()), None,
+        )  # fmt: skip
+        stdin = _field(body, "stdin", "null or a string", lambda v: v is None or isinstance(v, str), None)
         with pool.use(sandbox_id) as sandbox:
-            res = sandbox.exec(
-                body["command"],
-                timeout_s=body.get("timeout_s"),
-                cwd=body.get("cwd", "."),
-                env=body.get("env"),
-                stdin=body.get("stdin"),
-            )
+            res = sandbox.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
         return dataclasses.asdict(res)
 
-    @app.post("/v1/sandboxes/{sandbox_id}/read", dependencies=auth)
-    def read(sandbox_id: str, body: dict):
+    @app.post("/v1/sandboxes/{sandbox_id}/read")
+    def read(sandbox_id: str, body: dict = Depends(json_body)):
+        path = _field(body, "path", "a path string", lambda v: isinstance(v, str))
         with pool.use(sandbox_id) as sandbox:
-            data = sandbox.read_file(body["path"])
+            data = sandbox.read_file(path)
         return {"data_b64": base64.b64encode(data).decode()}
 
-    @app.post("/v1/sandboxes/{sandbox_id}/write", dependencies=auth)
-    def write(sandbox_id: str, body: dict):
+    @app.post("/v1/sandboxes/{sandbox_id}/write")
+    def write(sandbox_id: str, body: dict = Depends(json_body)):
+        path = _field(body, "path", "a path string", lambda v: isinstance(v, str))
+        data_b64 = _field(body, "data_b64", "a base64 string", lambda v: isinstance(v, str))
+        try:
+            data = base64.b64decode(data_b64, validate=True)
+        except ValueError as e:  # binascii.Error, or a character outside ASCII
+            raise _bad("data_b64", data_b64, f"standard base64 ({e})") from None
         with pool.use(sandbox_id) as sandbox:
-            sandbox.write_file(body["path"], base64.b64decode(body["data_b64"]))
+            sandbox.write_file(path, data)
         return {}
 
-    @app.post("/v1/sandboxes/{sandbox_id}/list", dependencies=auth)
-    def list_(sandbox_id: str, body: dict):
+    @app.post("/v1/sandboxes/{sandbox_id}/list")
+    def list_(sandbox_id: str, body: dict = Depends(json_body)):
+        path = _field(body, "path", "a path string", lambda v: isinstance(v, str), ".")
+        recursive = _field(body, "recursive", "true or false", lambda v: isinstance(v, bool), False)
         with pool.use(sandbox_id) as sandbox:
-            entries = sandbox.list_files(body.get("path", "."), bool(body.get("recursive", False)))
+            entries = sandbox.list_files(path, recursive)
         return {"entries": [dataclasses.asdict(e) for e in entries]}
 
-    @app.post("/v1/sandboxes/{sandbox_id}/heartbeat", dependencies=auth)
+    @app.post("/v1/sandboxes/{sandbox_id}/heartbeat")
     async def heartbeat(sandbox_id: str):
         pool.touch(sandbox_id)
         return {}
 
-    @app.delete("/v1/sandboxes/{sandbox_id}", dependencies=auth)
+    @app.delete("/v1/sandboxes/{sandbox_id}")
     def close(sandbox_id: str):
         pool.close(sandbox_id)
         return {}
 
-    return app
+    return _Gate(app, config)
 
 
-class _Auth(Exception):
-    pass
+class _Gate:
+    """ASGI middleware in front of the app: the token, then the body under a size cap.
+
+    A request without the token gets 401 before a byte of its body is read (FastAPI would parse
+    a body before running a dependency that checks the token). An authenticated body is read
+    here, its bytes counted as they arrive (with Content-Length or chunked), and refused with
+    413 as soon as it passes the cap; the app then reads it from memory. Both refusals close
+    the connection, so the rest of the body is never read either.
+    """
+
+    def __init__(self, app, config: ServerConfig):
+        self.app = app
+        self.state = app.state  # `create_app(...).state.pool`, as on the FastAPI app
+        self._token = config.token.encode()
+        self._caps = {"upload": config.max_upload_mb, "request": config.max_request_mb}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or (scope["method"] == "GET" and scope["path"] == HEALTH_PATH):
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(given, self._token):
+            return await _refuse(send, 401, "auth", "missing or wrong bearer token")
+        what = "upload" if scope["path"] == UPLOAD_PATH else "request"
+        cap_bytes = self._caps[what] << 20
+        too_large = f"{what} body over max_{what}_mb={self._caps[what]}"
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > cap_bytes:
+            return await _refuse(send, 413, "too_large", f"{too_large} (Content-Length {int(declared)})")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > cap_bytes:
+                return await _refuse(send, 413, "too_large", too_large)
+            if not message.get("more_body", False):
+                break
+        body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        del chunks
+
+        async def replay():
+            return body.pop() if body else await receive()
+
+        await self.app(scope, replay, send)
 
 
-def _create_from_tar(pool: SandboxPool, data: bytes, overrides: dict):
-    staging = Path(tempfile.mkdtemp(prefix="carl-upload-"))
-    (staging / "src").mkdir()
+async def _refuse(send, status: int, kind: str, message: str) -> None:
+    content = json.dumps({"kind": kind, "message": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
+               (b"connection", b"close")]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
+
+
+_MISSING = object()
+
+
+def _field(body: dict, name: str, expected: str, ok, default=_MISSING):
+    """body[name] if ok(value), else a ValueError naming the field, the value and `expected`."""
+    value = body.get(name, default)
+    if value is _MISSING:
+        raise ValueError(f"{name}: missing; expected {expected}")
+    if not ok(value):
+        raise _bad(name, value, expected)
+    return value
+
+
+def _bad(name: str, value, expected: str) -> ValueError:
+    shown = repr(value)
+    if len(shown) > 100:
+        shown = shown[:100] + f"... ({len(shown)} characters)"
+    return ValueError(f"{name}: got {shown}, expected {expected}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_object(v) -> bool:
+    return isinstance(v, dict)
+
+
+def _is_command(v) -> bool:
+    """A bash command line, or an argv."""
+    return isinstance(v, str) or isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v)
+
+
+def _client_config(config: ServerConfig, overrides) -> SandboxConfig:
+    """The server's sandbox defaults with a client's overrides, every field type-checked."""
+    from carl.config import from_dict
+
+    if not isinstance(overrides, dict):
+        raise _bad("config", overrides, "a JSON object of SandboxConfig fields")
+    unknown = sorted(set(overrides) - set(CLIENT_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"config.{unknown[0]}: not settable by a client; expected some of {', '.join(CLIENT_FIELDS)}"
+        )
+    defaults = {f.name: getattr(config.sandbox, f.name) for f in dataclasses.fields(SandboxConfig)}
+    sandbox = from_dict(SandboxConfig, {**defaults, **overrides}, prefix="config")
+    if sandbox.timeout_s > config.max_timeout_s:
+        raise _bad("config.timeout_s", sandbox.timeout_s, f"at most max_timeout_s={config.max_timeout_s:g}")
+    return sandbox
+
+
+def _create_from_tar(pool: SandboxPool, data: bytes, config: SandboxConfig):
+    staging = Scratch(UPLOAD_PREFIX, None, None)
+    cap_bytes, total = config.disk_mb << 20, 0
+
+    def capped(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        nonlocal total  # a small upload can unpack to far more: stop at what the sandbox could hold
+        total += member.size
+        if total > cap_bytes:
+            raise ValueError(f"upload unpacks to over disk_mb={config.disk_mb} MiB; expected a smaller tree")
+        return tarfile.data_filter(member, dest)
+
     try:
+        (staging.path / "src").mkdir()
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                tar.extractall(staging / "src", filter="data")
-        except (tarfile.TarError, OSError, EOFError) as e:
+                tar.extractall(staging.path / "src", filter=capped)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
             raise ValueError(f"upload is not a valid tar.gz of a directory: {e}") from e
-        return pool.create(staging / "src", overrides)
+        return pool.create(staging.path / "src", config)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        staging.close()
 
 
 def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000) -> None:

@@ -6,6 +6,7 @@ The server runs arbitrary code for whoever holds the token, so it does not start
 """
 
 from __future__ import annotations
+from carl.sandbox.base import HOST_BACKENDS
 
 
 def register(subparsers) -> None:
@@ -17,7 +18,7 @@ def register(subparsers) -> None:
     serve.add_argument("--token", help="bearer token clients must send (default: $CARL_ENV_TOKEN)")
     serve.add_argument("--max-sandboxes", type=int, default=64, help="most sandboxes open at once")
     serve.add_argument("--ttl-s", type=float, default=300.0, help="close sandboxes silent for this long")
-    serve.add_argument("--backend", default="bwrap", choices=["bwrap", "local"])
+    serve.add_argument("--backend", default="bwrap", choices=list(HOST_BACKENDS))
     serve.add_argument("--python-env", metavar="DIR", help="default virtual environment for sandboxes")
     serve.add_argument("--scratch-dir", metavar="DIR", help="where workspace copies live (e.g. /dev/shm)")
     serve.set_defaults(func=serve_command)
