@@ -115,3 +115,38 @@ def make_task(root: Path) -> TaskRecord:
 
 def sandbox_config(backend: str) -> SandboxConfig:
     return SandboxConfig(backend=backend, timeout_s=60.0)
+
+
+FIB_DOC_STUB = '''def fib(n):
+    """Return the n-th Fibonacci number.
+
+    >>> fib(10)
+    55
+    """
+    raise NotImplementedError
+'''
+FIB_DOC_GOLD = FIB_DOC_STUB.replace("    raise NotImplementedError\n", "    a, b = 0, 1\n    for _ in range(n):\n"
+                                    "        a, b = b, a + b\n    return a\n")
+README_DOCTEST = "calc\n====\n\n>>> from calc.ops import fib\n>>> fib(6)\n8\n"
+
+
+def make_doctest_task(root: Path) -> TaskRecord:
+    """The same package whose failing tests are doctests: one in fib's docstring (collected with
+    --doctest-modules) and one in README.rst (--doctest-glob)."""
+    files = {**BROKEN_FILES, "calc/ops.py": OPS.format(fib=FIB_DOC_STUB), "README.rst": README_DOCTEST,
+             "pytest.ini": "[pytest]\naddopts = --doctest-modules --doctest-glob=*.rst\n"}
+    broken = write_tree(root / "broken", files)
+    gold = unified_diff(FileChange("calc/ops.py", "modified", OPS.format(fib=FIB_DOC_STUB).encode(),
+                                   OPS.format(fib=FIB_DOC_GOLD).encode()))
+    return TaskRecord(
+        instance_id="calc__fixture-function-stub-doctest",
+        repo="calc",
+        patch=gold,
+        FAIL_TO_PASS=("calc/ops.py::calc.ops.fib", "README.rst::README.rst"),
+        PASS_TO_PASS=P2P,
+        problem_statement="Implement `calc.ops.fib(n)`: the n-th Fibonacci number.",
+        test_command=TEST_COMMAND,
+        test_files=("tests/test_ops.py", "pytest.ini"),
+        environment={"path": sys.prefix},
+        broken_repo=str(broken),
+    )

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from rewards_fixture import FIB_GOLD, FIB_STUB, make_task, sandbox_config
+from rewards_fixture import FIB_DOC_GOLD, FIB_DOC_STUB, FIB_GOLD, FIB_STUB, OPS, make_doctest_task, make_task, sandbox_config
 
-from carl.rewards import RewardConfig, compute_reward, junit_key, parse_junit, reward_from_trajectory
+from carl.rewards import RewardConfig, compute_reward, reward_from_trajectory
+from carl.rewards.testrun import _channel, _verdict
+from carl.sandbox.base import ExecResult
 from carl.sandbox import open_sandbox
 from carl.sandbox.base import SandboxError
 from carl.types import StopReason, Trajectory
@@ -94,7 +96,7 @@ def test_task_without_tests_or_without_pytest_is_an_infra_failure(task):
     with open_sandbox(task.broken_repo, CONFIG.sandbox) as agent:
         assert "no FAIL_TO_PASS" in compute_reward(no_tests, agent, CONFIG).infra_error
         r = compute_reward(no_pytest, agent, CONFIG)
-    assert r.infra_failure and "No module named pytest" in r.infra_error
+    assert r.infra_failure and "No module named 'pytest'" in r.infra_error
 
 
 def test_hanging_code_times_out_as_a_zero_not_an_infra_failure(task):
@@ -119,11 +121,26 @@ def test_sandbox_that_cannot_open_is_an_infra_failure(task):
     assert r.tests == {}
 
 
-def test_missing_test_runner_is_an_infra_failure(task):
+def test_a_test_command_that_is_not_pytest_is_an_infra_failure(task):
     bad = dataclasses.replace(task, test_command=("no-such-test-runner",))
     with open_sandbox(task.broken_repo, CONFIG.sandbox) as agent:
         r = compute_reward(bad, agent, CONFIG)
-    assert r.infra_failure and "could not start" in r.infra_error
+    assert r.infra_failure and "the reward runs pytest" in r.infra_error
+
+
+def test_a_pristine_repo_pytest_cannot_set_up_is_an_infra_failure(task):
+    """A usage error before any change of the agent's is applied is the environment's fault."""
+    bad = dataclasses.replace(task, test_command=("python", "-m", "pytest", "--no-such-option"))
+    with open_sandbox(task.broken_repo, CONFIG.sandbox) as agent:
+        r = compute_reward(bad, agent, CONFIG)
+    assert r.infra_failure and "could not set up" in r.infra_error
+
+
+def test_agent_code_that_breaks_collection_scores_zero_not_an_infra_failure(task):
+    """Once the agent's code is in place, a usage or internal error of pytest is the agent's doing:
+    masking it would let a hopeless episode escape its zero."""
+    r = _reward(task, {"calc/__init__.py": b"raise SystemExit(4)\n"})
+    assert r.reward == 0.0 and not r.infra_failure
 
 
 def test_policy_and_sandbox_errors_are_infra_failures_without_running_tests(task):
@@ -136,6 +153,20 @@ def test_policy_and_sandbox_errors_are_infra_failures_without_running_tests(task
         assert ep.infra_failure and "boom" in ep.result.infra_error and ep.reward == 0.0
 
 
+def test_doctests_are_tests_the_agent_cannot_rewrite(tmp_path):
+    """Doctests in a module's docstrings and in README.rst are FAIL_TO_PASS tests: replacing their
+    examples with trivial ones (while fib still raises) scores 0; the honest fix scores 1, even
+    with its docstring edited, because the original examples are put back before the run."""
+    task = make_doctest_task(tmp_path)
+    trivial = FIB_DOC_STUB.replace(">>> fib(10)\n    55", ">>> 1 + 1\n    2")
+    hacked = _reward(task, {"calc/ops.py": OPS.format(fib=trivial).encode(), "README.rst": b">>> 1\n1\n"})
+    assert hacked.reward == 0.0 and hacked.tests["calc/ops.py::calc.ops.fib"] == "failed", hacked.feedback
+    assert "README.rst" in hacked.ignored and hacked.tests["README.rst::README.rst"] == "failed"
+    honest = FIB_DOC_GOLD.replace("Return the n-th", "Return the nth")
+    gold = _reward(task, {"calc/ops.py": OPS.format(fib=honest).encode()})
+    assert gold.reward == 1.0, gold.feedback
+
+
 def test_feedback_is_capped(task):
     r = _reward(task, {}, dataclasses.replace(CONFIG, max_feedback_chars=200, max_chars_per_test=50))
     assert len(r.feedback) < 300 and "characters cut" in r.feedback
@@ -146,34 +177,43 @@ def test_config_rejects_bad_values():
         RewardConfig(timeout_s=0)
 
 
-# ------------------------------------------------------------------------------ junit parsing
+# ------------------------------------------------------------------------------ the verdict channel
 
-JUNIT = b"""<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="tests.test_a" name="test_ok" time="0.1"/>
-<testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2">trace</failure></testcase>
-<testcase classname="tests.test_a.TestK" name="test_p[1-x]"><skipped message="xfail"/></testcase>
-<testcase classname="tests.test_a" name="test_td"/>
-<testcase classname="tests.test_a" name="test_td"><error message="teardown">boom</error></testcase>
-<testcase classname="tests.test_a" name="test_other"/>
-</testsuite></testsuites>"""
+IDS = ["t.py::ok", "t.py::bad", "t.py::skip", "t.py::td", "t.py::absent", "u.py::x"]
 
 
-def test_junit_key_mirrors_pytest():
-    assert junit_key("tests/test_a.py::TestK::test_p[1-x]") == ("tests.test_a.TestK", "test_p[1-x]")
-    assert junit_key("test_b.py::test_c[a/b::c]") == ("test_b", "test_c[a/b::c]")
+def _lines(*rows: str, secret: str = "s3cr3t") -> str:
+    return "\n".join(f"{secret} {r}" for r in rows) + "\nnoise printed by a test\n"
 
 
-def test_parse_junit_outcomes_and_worst_wins():
-    ids = [
-        "tests/test_a.py::test_ok",
-        "tests/test_a.py::test_bad",
-        "tests/test_a.py::TestK::test_p[1-x]",
-        "tests/test_a.py::test_td",
-        "tests/test_a.py::test_absent",
-    ]
-    assert parse_junit(JUNIT, ids) == {
-        "tests/test_a.py::test_ok": "passed",
-        "tests/test_a.py::test_bad": "failed",
-        "tests/test_a.py::TestK::test_p[1-x]": "skipped",
-        "tests/test_a.py::test_td": "error",
-    }
+def _res(stderr: str, timed_out: bool = False) -> ExecResult:
+    return ExecResult(exit_code=1, stdout="", stderr=stderr, timed_out=timed_out)
+
+
+def test_channel_outcomes_worst_phase_wins_and_collect_errors_count():
+    stderr = _lines("start", "test 0 call passed", "test 1 call failed", "text 1 assert\\x201\\x20==\\x202",
+                    "test 2 setup skipped", "test 3 call passed", "test 3 teardown failed",
+                    "collect u.py boom\\nline", "done 1 5")
+    run = _verdict(_channel(stderr, "s3cr3t"), IDS, _res(stderr))
+    assert run.outcomes == {"t.py::ok": "passed", "t.py::bad": "failed", "t.py::skip": "skipped",
+                            "t.py::td": "error", "t.py::absent": "missing", "u.py::x": "error"}
+    assert run.failure_texts["t.py::bad"] == "assert 1 == 2" and run.failure_texts["u.py::x"] == "boom\nline"
+    assert run.completed and run.tampering == ()
+
+
+def test_channel_ignores_lines_without_the_secret_and_voids_a_verdict_with_forged_lines():
+    forged = _lines("test 0 call passed", secret="guessed")
+    run = _verdict(_channel(forged, "s3cr3t"), IDS, _res(forged))
+    assert set(run.outcomes.values()) == {"missing"} and not run.completed
+    # a test reported twice (a forged pass before the real failure), or a line that does not parse
+    for rows in (["test 1 call passed", "test 1 call failed"], ["test 0 call passed", "test 9 call passed"],
+                 ["test 0 call passed", "bogus"], ["test 0 call passed", "tamper _pytest.runner.call_and_report"]):
+        stderr = _lines("start", *rows, "done 0 1")
+        run = _verdict(_channel(stderr, "s3cr3t"), IDS, _res(stderr))
+        assert run.tampering and "passed" not in run.outcomes.values()
+
+
+def test_channel_timeout_marks_unreported_tests():
+    stderr = _lines("start", "test 0 call passed")
+    run = _verdict(_channel(stderr, "s3cr3t"), IDS[:2], _res(stderr, timed_out=True))
+    assert run.outcomes == {"t.py::ok": "passed", "t.py::bad": "timeout"} and not run.completed

@@ -14,7 +14,7 @@ from carl.rewards.diff import FileChange, WorkspaceDiff, is_test_path, workspace
 from carl.rewards.episode import EpisodeReward, reward_from_trajectory, tool_error_penalty
 from carl.rewards.judge import JudgeConfig, JudgeResult, judge_diff, shaped_reward
 from carl.rewards.monitor import FLAG_KINDS, Flag, MonitorConfig, MonitorReport, apply_action, monitor
-from carl.rewards.reward import RewardConfig, RewardResult, compute_reward, junit_key, parse_junit
+from carl.rewards.reward import RewardConfig, RewardResult, compute_reward
 
 __all__ = [
     "FLAG_KINDS",
@@ -32,9 +32,7 @@ __all__ = [
     "compute_reward",
     "is_test_path",
     "judge_diff",
-    "junit_key",
     "monitor",
-    "parse_junit",
     "reward_from_trajectory",
     "shaped_reward",
     "tool_error_penalty",

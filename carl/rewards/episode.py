@@ -2,7 +2,7 @@
 
 trajectory.stop_reason is POLICY_ERROR / SANDBOX_ERROR --> infra failure (masked), no tests run
 else: workspace_changes(agent sandbox) --> compute_reward (clean sandbox) + monitor
-      --> reward after the monitor's action
+      --> reward after the monitor's action (tampering the test runner caught is a flag too)
 
 `tool_error_penalty` is the optional shaping term the trainer subtracts per failed tool call.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from carl.rewards.diff import WorkspaceDiff, workspace_changes
-from carl.rewards.monitor import MonitorConfig, MonitorReport, apply_action, monitor
+from carl.rewards.monitor import Flag, MonitorConfig, MonitorReport, apply_action, monitor
 from carl.rewards.reward import OpenSandbox, RewardConfig, RewardResult, compute_reward, infra_failure
 from carl.sandbox.base import Sandbox, SandboxError
 from carl.types import Trajectory
@@ -72,5 +72,8 @@ def reward_from_trajectory(
         return EpisodeReward(0.0, result, monitor(trajectory, task, None))
     result = compute_reward(task, agent_sandbox, config, changes=changes, open_sandbox=open_sandbox)
     report = monitor(trajectory, task, changes)
+    if result.tampering:  # what the test runner itself caught is evidence too
+        seen = [Flag("runner_tamper", evidence[:300], None) for evidence in result.tampering]
+        report = MonitorReport(flags=tuple(dict.fromkeys([*report.flags, *seen])), suspicious=True)
     reward = 0.0 if result.infra_failure else apply_action(result.reward, report, monitor_config)
     return EpisodeReward(reward, result, report, diff=changes.text)

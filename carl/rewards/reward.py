@@ -2,40 +2,48 @@
 
     agent sandbox --workspace_changes--> WorkspaceDiff --non-test files only--+
                                                                               v
-    broken repo (original tests in place) --open_sandbox--> fresh sandbox <- apply
-                                                                              |
-    pytest FAIL_TO_PASS + PASS_TO_PASS --junitxml, hard timeout-------------- +--> RewardResult
+    broken repo (original tests in place) --open_sandbox--> fresh sandbox     |
+        discover: pytest's rootdir and config file, on the pristine copy      |
+        apply  <--------------------------------------------------------------+
+        carl's runner: FAIL_TO_PASS + PASS_TO_PASS, results streamed per test, hard timeout
+                                                                              --> RewardResult
 
-reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes (fraction_passed is exposed
-for shaping and metrics). Changes to tests and test config are never copied (see
-`carl.rewards.diff.is_test_path`), so editing a test cannot make it pass here; the monitor
-flags the attempt.
+reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes and the runner saw no tampering
+(fraction_passed is exposed for shaping and metrics). Changes to tests and test config are
+never copied (see `carl.rewards.diff.is_test_path`), nor to the configuration file pytest
+reads, nor to doctests (`changes_to_apply`), so editing a test cannot make it pass here; the
+monitor flags the attempt. How the run
+itself resists the agent's code (a runner from outside the workspace, carl's own configuration,
+no plugin autoloading, a verdict channel written as tests finish, integrity checks) is in
+carl/rewards/sandboxed_pytest.py.
 
-What is an infrastructure failure (`infra_failure=True`, masked from training, never a 0):
-the sandbox could not be opened or crashed, the test command could not be started, pytest
-stopped with an internal or usage error before writing a report. What is *not*: a test run that
-hits the timeout, or agent code that kills pytest (os._exit, a segfault) -- those score 0 with the
-reason in `feedback`, since masking them would reward hanging or crashing on hopeless tasks.
+What is an infrastructure failure (`infra_failure=True`, masked from training, never a 0): the
+sandbox could not be opened or crashed; pytest could not set up the pristine repository (the
+discovery run, before any change of the agent's is applied); the runner did not start. What is
+*not*: anything after the agent's code is in place -- a test run that hits the timeout, agent
+code that kills pytest (os._exit, a segfault) or breaks its collection or configuration (exit 2,
+3 or 4): those score 0 with the reason in `feedback`, since masking them would reward breaking
+the run on hopeless tasks.
 
 Not guaranteed: the agent's code runs inside the same pytest process as the tests, so code that
-deliberately tampers with pytest from the inside is not prevented here (it is sandboxed, and
-the monitor flags code that references the test runner).
+deliberately tampers with pytest from the inside in a way the runner's checks do not watch is
+not prevented here (it is sandboxed, and the monitor flags code that touches the test runner).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import time
-import uuid
-import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carl.rewards.diff import WorkspaceDiff, workspace_changes
+from carl.rewards.diff import FileChange, WorkspaceDiff, patched_file, workspace_changes
+from carl.rewards.testrun import Outcome, PytestCommand, TestRun, discover_setup, repo_plugins, run_tests
 from carl.sandbox.base import Sandbox, SandboxConfig, SandboxError, SandboxPathError
+from carl.tasks.doctests import doctest_files, restore_doctests
 
 if TYPE_CHECKING:
     from carl.tasks.record import TaskRecord
@@ -43,7 +51,6 @@ if TYPE_CHECKING:
 # Used when a record (e.g. from SWE-bench tooling) carries no test_command.
 DEFAULT_TEST_COMMAND = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short")
 
-Outcome = str  # "passed" | "failed" | "error" | "skipped" | "missing" | "timeout"
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ class RewardResult:
     """Non-test paths the agent changed, applied in the reward sandbox."""
     ignored: tuple[str, ...] = ()
     """Test / test-config paths the agent changed, NOT applied (the originals ran)."""
+    tampering: tuple[str, ...] = ()
+    """What the runner saw of the agent's code interfering with the test run (reward 0)."""
 
     @property
     def passed(self) -> bool:
@@ -142,42 +151,58 @@ def compute_reward(
 
 
 def _run_in(sandbox: Sandbox, task: TaskRecord, changes: WorkspaceDiff, config: RewardConfig) -> RewardResult:
-    applied = apply_changes(sandbox, changes)
     node_ids = list(dict.fromkeys([*task.FAIL_TO_PASS, *task.PASS_TO_PASS]))
-    junit = f".carl-reward-{uuid.uuid4().hex}.xml"
-    argv = [*(task.test_command or DEFAULT_TEST_COMMAND), f"--junitxml={junit}", "-o", "junit_family=xunit1"]
-    res = sandbox.exec(argv + node_ids, timeout_s=config.timeout_s, env={"PYTHONDONTWRITEBYTECODE": "1"})
-    ignored = tuple(c.path for c in changes.test_changes())
-    if res.exit_code in (126, 127):
-        raise SandboxError(f"test command could not start: {shlex.join(argv[:4])}: {res.output[-1000:]}")
-    report = _read_optional(sandbox, junit)
-    if (
-        report is None
-        and not res.timed_out
-        and (res.exit_code in (3, 4) or "No module named pytest" in res.output)
-    ):
-        raise SandboxError(f"pytest exited {res.exit_code} without a report: {res.output[-2000:]}")
-    try:
-        tests = parse_junit(report, node_ids) if report is not None else {}
-    except ET.ParseError:  # pytest was killed while writing it (by the agent's code or the timeout)
-        report, tests = None, {}
-    missing = "timeout" if res.timed_out else "missing"
-    tests = {n: tests.get(n, missing) for n in node_ids}
+    command = PytestCommand.parse(task.test_command or DEFAULT_TEST_COMMAND)
+    key = (task.broken_repo, task.environment.get("path"), command, tuple(sorted({n.split("::")[0] for n in node_ids})))
+    setup = discover_setup(sandbox, key, command, node_ids, config.timeout_s)  # before any change
+    to_apply = changes_to_apply(task, changes, protected={setup.config_file()})
+    applied = apply_changes(sandbox, to_apply)
+    import_roots = [".", *task.environment.get("pythonpath", [])]
+    run = run_tests(
+        sandbox,
+        command,
+        node_ids,
+        setup,
+        timeout_s=config.timeout_s,
+        repo_plugins=repo_plugins(Path(task.broken_repo), import_roots),
+        changed=list(applied),
+        max_text=config.max_chars_per_test,
+    )
+    tests = run.outcomes
     num_passed = sum(o == "passed" for o in tests.values())
-    all_passed = num_passed == len(node_ids) and len(node_ids) > 0
+    all_passed = num_passed == len(node_ids) and len(node_ids) > 0 and not run.tampering
     return RewardResult(
         reward=1.0 if all_passed else 0.0,
         fraction_passed=num_passed / len(node_ids) if node_ids else 0.0,
         tests=tests,
-        feedback="" if all_passed else _feedback(task, tests, report, res, config),
+        feedback="" if all_passed else _feedback(task, run, config),
         applied=applied,
-        ignored=ignored,
+        ignored=tuple(sorted({c.path for c in changes.changes} - set(applied))),
+        tampering=run.tampering,
     )
 
 
-def apply_changes(sandbox: Sandbox, changes: WorkspaceDiff) -> tuple[str, ...]:
-    """Write the agent's non-test changes into `sandbox`; returns the paths applied."""
-    changed = changes.non_test_changes()
+def changes_to_apply(task: TaskRecord, changes: WorkspaceDiff, protected: set[str | None]) -> list[FileChange]:
+    """The agent's changes the reward applies: non-test files only, and none of `protected` (the
+    configuration file pytest reads). Doctests are tests too (carl.tasks.doctests): a text file
+    holding a FAIL_TO_PASS / PASS_TO_PASS doctest is not applied, and in a Python file holding
+    one the agent's code is applied with the original's doctest docstrings put back."""
+    py_doctests, text_doctests = doctest_files([*task.FAIL_TO_PASS, *task.PASS_TO_PASS])
+    out = []
+    for c in changes.non_test_changes():
+        if c.path in protected or c.path in text_doctests:
+            continue
+        if c.path in py_doctests and c.new is not None and not c.symlink:
+            broken = (c.old or b"").decode("utf-8", errors="replace")
+            original = patched_file(broken, task.patch, c.path) or broken
+            restored = restore_doctests(original, c.new.decode("utf-8", errors="replace"))
+            c = dataclasses.replace(c, new=restored.encode("utf-8"))
+        out.append(c)
+    return out
+
+
+def apply_changes(sandbox: Sandbox, changed: list[FileChange]) -> tuple[str, ...]:
+    """Write these changes of the agent's into `sandbox`; returns the paths applied."""
     removals = [c.path for c in changed if c.new is None or c.symlink]
     links = {c.path: c.new.decode() for c in changed if c.symlink and c.new is not None}
     # Deletions first, emptied directories with them, so that a directory the agent replaced by
@@ -187,7 +212,7 @@ def apply_changes(sandbox: Sandbox, changes: WorkspaceDiff) -> tuple[str, ...]:
         if c.new is not None and not c.symlink:
             sandbox.write_file(c.path, c.new)
     _run_script(sandbox, _LINK_SCRIPT, links)
-    return tuple(c.path for c in changes.non_test_changes())
+    return tuple(c.path for c in changed)
 
 
 _REMOVE_SCRIPT = """
@@ -217,80 +242,9 @@ def _run_script(sandbox: Sandbox, body: str, ops: list | dict) -> None:
         raise SandboxError(f"applying the agent's deletions or symlinks failed: {res.output[-1000:]}")
 
 
-def _read_optional(sandbox: Sandbox, path: str) -> bytes | None:
-    try:
-        return sandbox.read_file(path)
-    except (FileNotFoundError, ValueError):  # SandboxPathError is a ValueError
-        return None
+def _feedback(task: TaskRecord, run: TestRun, config: RewardConfig) -> str:
+    tests = run.outcomes
 
-
-# ------------------------------------------------------------------------------ junit
-
-
-def junit_key(node_id: str) -> tuple[str, str]:
-    """(classname, name) that pytest's junit report gives a node id (mirrors
-    _pytest.junitxml.mangle_test_address): path/to/test_x.py::C::t[p] -> (path.to.test_x.C, t[p])."""
-    path, bracket, params = node_id.partition("[")
-    names = path.split("::")
-    names[0] = names[0].replace("/", ".")
-    names[0] = names[0].removesuffix(".py")
-    names[-1] += bracket + params
-    return ".".join(names[:-1]), names[-1]
-
-
-def parse_junit(xml: bytes, node_ids: list[str]) -> dict[str, Outcome]:
-    """node id -> outcome for the node ids found in a pytest junit report.
-
-    A testcase with a <failure> is "failed", with an <error> (setup/teardown/collection) "error",
-    with <skipped> (skip, xfail) "skipped", else "passed"; the worst wins if a test is reported
-    twice (call failure plus teardown error). A collection error of a test file is reported as
-    one testcase named after the file: every requested test of that file gets "error".
-    """
-    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
-    out: dict[str, Outcome] = {}
-    for nodes, case in _cases(xml, node_ids):
-        tags = {child.tag for child in case}
-        outcome = (
-            "error"
-            if "error" in tags
-            else "failed"
-            if "failure" in tags
-            else "skipped"
-            if "skipped" in tags
-            else "passed"
-        )
-        for node in nodes:
-            if node not in out or rank[outcome] > rank[out[node]]:
-                out[node] = outcome
-    return out
-
-
-def _cases(xml: bytes, node_ids: list[str]) -> Iterator[tuple[list[str], ET.Element]]:
-    """(the requested node ids a <testcase> reports on, the element), for every testcase."""
-    by_key: dict[tuple[str, str], list[str]] = {}
-    for n in node_ids:
-        by_key.setdefault(junit_key(n), []).append(n)
-        by_key.setdefault(junit_key(n.split("::")[0]), []).append(n)  # the file's collection report
-    for case in ET.fromstring(xml).iter("testcase"):
-        nodes = by_key.get((case.get("classname", ""), case.get("name", "")))
-        if nodes:
-            yield nodes, case
-
-
-def _failure_texts(xml: bytes | None, node_ids: list[str]) -> dict[str, str]:
-    texts: dict[str, str] = {}
-    for nodes, case in _cases(xml, node_ids) if xml is not None else ():
-        for child in case:
-            if child.tag in ("failure", "error"):
-                text = (child.text or "").strip() or child.get("message", "")
-                for node in nodes:
-                    texts[node] = texts.get(node, "") + text + "\n"
-    return texts
-
-
-def _feedback(
-    task: TaskRecord, tests: dict[str, Outcome], xml: bytes | None, res, config: RewardConfig
-) -> str:
     def num_passed(ids) -> int:
         return sum(tests.get(n) == "passed" for n in ids)
 
@@ -300,14 +254,15 @@ def _feedback(
         f"(FAIL_TO_PASS {num_passed(f2p)}/{len(f2p)} passed, PASS_TO_PASS {num_passed(p2p)}/{len(p2p)} passed)."
     )
     lines = [summary]
-    if res.timed_out:
+    if run.tampering:
+        lines.append("The test run was interfered with, so its results do not count: " + "; ".join(run.tampering))
+    if run.result is not None and run.result.timed_out:
         lines.append(f"The test run was killed after {config.timeout_s:g} s (timeout).")
-    texts = _failure_texts(xml, list(tests))
     first_with: dict[str, str] = {}  # failure text -> the first test shown with it
     for node, outcome in tests.items():
         if outcome == "passed":
             continue
-        text = texts.get(node, "").rstrip()
+        text = run.failure_texts.get(node, "").rstrip()
         if text and text in first_with:  # a collection error repeats for every test of the file
             lines.append(f"{outcome.upper()} {node} (same error as {first_with[text]})")
             continue
@@ -315,10 +270,10 @@ def _feedback(
         if text:
             first_with[text] = node
             lines.append(_cap(text, config.max_chars_per_test))
-    if xml is None or any(o in ("missing", "timeout") for o in tests.values()):
-        # no report (or tests absent from it, e.g. a collection error): the output is the evidence
+    if run.result is not None and (not run.completed or any(o in ("missing", "timeout") for o in tests.values())):
+        # the session did not finish, or tests are absent from it: the output is the evidence
         lines.append("Output of the test run:")
-        lines.append(_cap(res.output, config.max_chars_per_test, keep="tail"))
+        lines.append(_cap(run.result.stdout or run.result.output, config.max_chars_per_test, keep="tail"))
     return _cap("\n".join(lines), config.max_feedback_chars)
 
 

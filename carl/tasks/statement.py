@@ -8,14 +8,21 @@ OpenAI-compatible model to rewrite it as a user would (optional; needs carl.poli
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
 
+from carl.tasks.doctests import is_doctest_id
 from carl.tasks.delete import Candidate
 
 MAX_LISTED_TESTS = 10
 
 
-def template_statement(original_root: Path, cand: Candidate, mode: str, fail_to_pass: list[str]) -> str:
+def template_statement(
+    original_root: Path, cand: Candidate, mode: str, fail_to_pass: list[str], pass_to_pass: Sequence[str] = ()
+) -> str:
+    """The task as a template: what was deleted, which tests must pass. When any FAIL_TO_PASS or
+    PASS_TO_PASS test is a doctest, it also says that doctest examples are tests (the reward
+    restores them from the original before grading)."""
     what = {
         "stub": "has been replaced by a stub that raises NotImplementedError",
         "remove": "has been removed from the code base",
@@ -49,6 +56,11 @@ def template_statement(original_root: Path, cand: Candidate, mode: str, fail_to_
         lines.append(f"- ... and {len(fail_to_pass) - len(shown)} more")
     lines.append("")
     lines.append("Do not modify the tests.")
+    if any(is_doctest_id(t) for t in [*fail_to_pass, *pass_to_pass]):
+        lines.append(
+            "Doctest examples in docstrings and documentation files are tests too: they are restored "
+            "from the original before grading, so editing them changes nothing."
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -163,7 +163,7 @@ def _validate(ctx: RepoContext, cand: Candidate, mode: str, iid: str, changed: l
         test_patch="",
         FAIL_TO_PASS=tuple(fail),
         PASS_TO_PASS=tuple(ok),
-        problem_statement=template_statement(ctx.original, cand, mode, fail),
+        problem_statement=template_statement(ctx.original, cand, mode, fail, pass_to_pass=ok),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         deletion_mode=mode,
         deletion_kind=cand.kind,
