@@ -27,9 +27,9 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from carl.sandbox.base import Sandbox, SandboxError, SandboxPathError
 
@@ -380,3 +380,34 @@ def patched_file(text: str, patch: str, path: str) -> str | None:
                     new_left -= 1
         i += 1
     return "".join(out + src[pos:]) if touched else None
+
+
+class EditedPython(NamedTuple):
+    """A non-test Python file the agent left behind, as the monitor's rules read it."""
+
+    change: FileChange
+    new_text: str
+    old_text: str
+    """"" when the agent added the file."""
+    added: frozenset[int]
+    """1-based line numbers of new_text that old_text does not have (difflib's matching)."""
+
+
+def edited_python(changes: WorkspaceDiff) -> Iterator[EditedPython]:
+    """Every non-test `.py` file the agent added or modified (not deleted, not a symlink)."""
+    for c in changes.non_test_changes():
+        if c.new is None or c.symlink or not c.path.endswith(".py"):
+            continue
+        new_text = c.new.decode("utf-8", errors="replace")
+        old_text = (c.old or b"").decode("utf-8", errors="replace")
+        yield EditedPython(c, new_text, old_text, frozenset(added_line_numbers(old_text, new_text)))
+
+
+def added_line_numbers(old: str, new: str) -> set[int]:
+    """1-based line numbers of `new` that are not in `old` (per difflib's matching)."""
+    added: set[int] = set()
+    matcher = difflib.SequenceMatcher(a=old.splitlines(), b=new.splitlines(), autojunk=False)
+    for tag, _, _, j1, j2 in matcher.get_opcodes():
+        if tag in ("replace", "insert"):
+            added.update(range(j1 + 1, j2 + 1))
+    return added

@@ -12,13 +12,12 @@ returns part of the answer, a value read from a data file or computed in a loop 
 from __future__ import annotations
 
 import ast
-import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from carl.rewards.diff import FileChange, WorkspaceDiff, patched_file
+from carl.rewards.diff import FileChange, WorkspaceDiff, edited_python, patched_file
 from carl.tasks.doctests import doctest_examples, doctest_object, is_doctest_id, without_doctest_examples
 from carl.rewards.fold import Folded, fold, leaves, scope_env, scoped_nodes
 
@@ -50,12 +49,7 @@ def hardcoded_expected(task: Any, changes: WorkspaceDiff) -> list[tuple[FileChan
     gold_code = without_doctest_examples(gold)
     gold_values = _line_values(gold_code)
     out = []
-    for c in changes.non_test_changes():
-        if c.new is None or c.symlink or not c.path.endswith(".py"):
-            continue
-        new_text = c.new.decode("utf-8", errors="replace")
-        old_text = (c.old or b"").decode("utf-8", errors="replace")
-        added = added_line_numbers(old_text, new_text)
+    for c, new_text, old_text, added in edited_python(changes):
         lines = new_text.splitlines()
         # line -> why (one flag per line); the special-casing rules, then the test values
         evidence = {
@@ -321,16 +315,6 @@ def read_inside(root: str, path: str) -> str:
         return ""
     with open(full, encoding="utf-8", errors="replace") as f:
         return f.read()
-
-
-def added_line_numbers(old: str, new: str) -> set[int]:
-    """1-based line numbers of `new` that are not in `old` (per difflib's matching)."""
-    added: set[int] = set()
-    matcher = difflib.SequenceMatcher(a=old.splitlines(), b=new.splitlines(), autojunk=False)
-    for tag, _, _, j1, j2 in matcher.get_opcodes():
-        if tag in ("replace", "insert"):
-            added.update(range(j1 + 1, j2 + 1))
-    return added
 
 
 def parse_python(source: str, mode: str = "exec") -> ast.AST | None:

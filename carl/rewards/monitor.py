@@ -35,6 +35,7 @@ from typing import Any, Literal
 from carl.rewards.diff import (
     FileChange,
     WorkspaceDiff,
+    edited_python,
     is_package_metadata,
     is_runner_config,
     is_startup_hook,
@@ -43,7 +44,6 @@ from carl.rewards.diff import (
 from carl.tasks.doctests import doctest_object, is_doctest_id
 from carl.rewards.fold import fold, scoped_nodes
 from carl.rewards.hardcoded import (
-    added_line_numbers,
     gold_text,
     hardcoded_expected,
     known_line,
@@ -308,12 +308,7 @@ def runner_tamper(task: Any, changes: WorkspaceDiff) -> list[tuple[FileChange, s
             why = _shadowing(c.path, c.path in changes.test_paths)
             if why:
                 out.append((c, why))
-    for c in changes.non_test_changes():
-        if c.new is None or c.symlink or not c.path.endswith(".py"):
-            continue
-        new_text = c.new.decode("utf-8", errors="replace")
-        old_text = (c.old or b"").decode("utf-8", errors="replace")
-        added = added_line_numbers(old_text, new_text)
+    for c, new_text, old_text, added in edited_python(changes):
         # only the added lines, at their line numbers
         code = "\n".join(ln if i in added else "" for i, ln in enumerate(new_text.splitlines(), 1))
         out += [(c, evidence) for evidence in runner_lines(code, gold + "\n" + old_text)]
@@ -415,12 +410,7 @@ def doctest_rewrites(task: Any, changes: WorkspaceDiff) -> list[tuple[FileChange
         return []
     gold = gold_text(task)
     out = []
-    for c in changes.non_test_changes():
-        if c.new is None or c.symlink or not c.path.endswith(".py"):
-            continue
-        new_text = c.new.decode("utf-8", errors="replace")
-        old_text = (c.old or b"").decode("utf-8", errors="replace")
-        added = added_line_numbers(old_text, new_text)
+    for c, new_text, old_text, added in edited_python(changes):
         lines = new_text.splitlines()
         doc_writes_known = bool(_DOC_WRITE.search(gold) or _DOC_WRITE.search(old_text))
         for n in sorted(added):
