@@ -8,7 +8,11 @@ as a ratio. Also the workspace copy alone, `cp -a` against shutil.copytree, sinc
 the main cost of creating a sandbox.
 Part 2: 8 read_file calls in one message (the harness runs them in parallel) against one call,
 through carl.harness.execute.run_calls, on a bwrap and a remote sandbox.
-Target on a 2-core machine: bwrap create+exec+close p50 < 50 ms; 8 parallel reads < 2x one read.
+Part 3: 8 sandboxed test runs (create, `python -m pytest` on a small CPU-bound suite, close)
+at once against the same 8 one after another, per backend: the speed-up the machine's cores
+allow (at most 2x on 2 cores) minus what the sandboxes cost in contention.
+Target on a 2-core machine: bwrap create+exec+close p50 < 50 ms; 8 parallel reads < 2x one read;
+8 concurrent test runs at least 1.7x faster than sequential.
 
 The "cpu ms" column is CPU time per iteration of this process and the children it waited for: it
 is steadier than wall time on a shared machine, but it misses what runs inside bwrap's PID
@@ -45,7 +49,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--files", type=int, default=20, help="files in the generated repository")
     parser.add_argument("--command", choices=sorted(COMMANDS), default="true")
+    parser.add_argument("--runs", type=int, default=8, help="test runs at once in part 3")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run (comma list)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     warnings.simplefilter("ignore")  # the local backend's "isolates nothing" warning
 
     with tempfile.TemporaryDirectory(prefix="carl-bench-") as tmp:
@@ -53,11 +60,15 @@ def main() -> None:
         argv = COMMANDS[args.command]
         print(f"repository: {args.files} files, {du_kb(repo)} KiB; command: {' '.join(argv)}; "
               f"{args.iterations} iterations")  # fmt: skip
-        print_copy_costs(repo, Path(tmp), args.iterations)
         server = start_server() if bwrap_available() else None
         try:
-            print_lifecycle_costs(repo, argv, args.iterations, server)
-            print_parallel_reads(repo, args.iterations, server)
+            if "1" in parts:
+                print_copy_costs(repo, Path(tmp), args.iterations)
+                print_lifecycle_costs(repo, argv, args.iterations, server)
+            if "2" in parts:
+                print_parallel_reads(repo, args.iterations, server)
+            if "3" in parts:
+                print_concurrent_test_runs(make_test_repo(Path(tmp) / "suite"), args.runs, server)
         finally:
             if server:
                 server.should_exit = True
@@ -75,6 +86,8 @@ def print_lifecycle_costs(repo: Path, argv: list[str], n: int, server) -> None:
             configs["bwrap, scratch_dir=/dev/shm"] = SandboxConfig(
                 backend="bwrap", python_env=venv, scratch_dir="/dev/shm"
             )
+    if gvisor_available():
+        configs["gvisor"] = SandboxConfig(backend="gvisor", python_env=venv)
     if server:
         configs["remote (bwrap, upload)"] = remote_config(server, python_env=venv)
     for name, config in configs.items():
@@ -86,7 +99,7 @@ def print_lifecycle_costs(repo: Path, argv: list[str], n: int, server) -> None:
                 raise SystemExit(f"{' '.join(argv)} failed in the sandbox: {res.output}")
 
         row(name, timings(cycle, n), bare)
-        if name in ("local", "bwrap"):
+        if name in ("local", "bwrap", "gvisor"):
             with open_sandbox(repo, config) as sb:
                 row(f"  {name}: exec alone", timings(lambda sb=sb: sb.exec(argv), n), bare)
 
@@ -134,7 +147,57 @@ def print_parallel_reads(repo: Path, n: int, server) -> None:
         row(f"{name}: 8 calls", t8, t1)
 
 
+def print_concurrent_test_runs(repo: Path, runs: int, server) -> None:
+    venv = sys.prefix
+    configs = {"local": SandboxConfig(backend="local", python_env=venv)}
+    if bwrap_available():
+        configs["bwrap"] = SandboxConfig(backend="bwrap", python_env=venv)
+    if gvisor_available():
+        configs["gvisor"] = SandboxConfig(backend="gvisor", python_env=venv)
+    if server:
+        configs["remote (bwrap)"] = remote_config(server, python_env=venv)
+
+    def one_run(config: SandboxConfig) -> None:
+        with open_sandbox(repo, config) as sb:
+            res = sb.exec(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], timeout_s=300)
+        if res.exit_code != 0:
+            raise SystemExit(f"the test run failed in the sandbox: {res.output[-2000:]}")
+
+    print(f"\n{runs} test runs (create + pytest + close)  sequential s  concurrent s  speed-up")
+    for name, config in configs.items():
+        one_run(config)  # warm-up: imports, page cache
+        start = time.perf_counter()
+        for _ in range(runs):
+            one_run(config)
+        sequential_s = time.perf_counter() - start
+        threads = [threading.Thread(target=one_run, args=(config,)) for _ in range(runs)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        concurrent_s = time.perf_counter() - start
+        print(f"{name:<38}{sequential_s:9.2f}  {concurrent_s:12.2f}  {sequential_s / concurrent_s:7.2f}x")
+
+
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def make_test_repo(root: Path) -> Path:
+    """A package with a CPU-bound test suite of about a second (so that cores, not start-up, decide)."""
+    (root / "tests").mkdir(parents=True)
+    (root / "work.py").write_text("def spin(n):\n    return sum(i * i for i in range(n))\n")
+    body = "".join(f"def test_{i}():\n    assert spin(300_000) > 0\n\n\n" for i in range(12))
+    (root / "tests" / "test_work.py").write_text(f"from work import spin\n\n\n{body}")
+    return root
+
+
+def gvisor_available() -> bool:
+    import os
+
+    return shutil.which("runsc") is not None and os.geteuid() == 0
+
+
 
 
 def make_repo(root: Path, num_files: int) -> Path:
