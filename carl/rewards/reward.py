@@ -153,7 +153,8 @@ def compute_reward(
 def _run_in(sandbox: Sandbox, task: TaskRecord, changes: WorkspaceDiff, config: RewardConfig) -> RewardResult:
     node_ids = list(dict.fromkeys([*task.FAIL_TO_PASS, *task.PASS_TO_PASS]))
     command = PytestCommand.parse(task.test_command or DEFAULT_TEST_COMMAND)
-    key = (task.broken_repo, task.environment.get("path"), command, tuple(sorted({n.split("::")[0] for n in node_ids})))
+    test_files = tuple(sorted({n.split("::")[0] for n in node_ids}))  # pytest's rootdir depends on them
+    key = (task.broken_repo, task.environment.get("path"), command, test_files)
     setup = discover_setup(sandbox, key, command, node_ids, config.timeout_s)  # before any change
     to_apply = changes_to_apply(task, changes, protected={setup.config_file()})
     applied = apply_changes(sandbox, to_apply)
