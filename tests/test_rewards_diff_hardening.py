@@ -11,7 +11,7 @@ import time
 import pytest
 from rewards_fixture import make_task, sandbox_config
 
-from carl.rewards.diff import MAX_FILE_BYTES, file_manifest, is_test_path, workspace_changes
+from carl.rewards.diff import MAX_ENTRIES, MAX_FILE_BYTES, file_manifest, is_test_path, workspace_changes
 from carl.sandbox import open_sandbox
 
 
@@ -52,7 +52,7 @@ def test_source_files_are_applied(path):
 
 def test_manifest_default_is_max_file_bytes():
     """file_manifest's source runs alone in the sandbox, so its default is a literal."""
-    assert file_manifest.__defaults__ == (MAX_FILE_BYTES,)
+    assert file_manifest.__defaults__ == (MAX_FILE_BYTES, MAX_ENTRIES)
 
 
 def test_manifest_skips_fifos_and_never_reads_giants(tmp_path):

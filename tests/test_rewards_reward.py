@@ -167,6 +167,14 @@ def test_doctests_are_tests_the_agent_cannot_rewrite(tmp_path):
     assert gold.reward == 1.0, gold.feedback
 
 
+def test_a_workspace_filled_with_files_scores_zero_not_an_infra_failure(task, monkeypatch):
+    """Millions of files would make the workspace walk time out, a masked infrastructure failure;
+    past MAX_ENTRIES the walk stops and the episode scores 0."""
+    monkeypatch.setattr("carl.rewards.diff.MAX_ENTRIES", 50)
+    r = _reward(task, {"calc/ops.py": _ops(task, FIB_GOLD)}, shell="mkdir junk && touch junk/f{1..80}")
+    assert (r.reward, r.infra_failure) == (0.0, False) and "more than 50 files" in r.feedback
+
+
 def test_feedback_is_capped(task):
     r = _reward(task, {}, dataclasses.replace(CONFIG, max_feedback_chars=200, max_chars_per_test=50))
     assert len(r.feedback) < 300 and "characters cut" in r.feedback

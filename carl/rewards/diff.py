@@ -127,6 +127,9 @@ class WorkspaceDiff:
     test_paths: frozenset[str] = field(default_factory=frozenset)
     """Paths in `changes` that `is_test_path` counts as tests or test config (given the task)."""
     omitted: int = 0
+    overflow: int = 0
+    """When the workspace held more files than this limit (MAX_ENTRIES) it was not walked, and the
+    reward scores it 0; 0 otherwise."""
     """Changed files left out: past the first MAX_CHANGED_FILES, over MAX_FILE_BYTES, or unreadable."""
 
     def paths(self, status: ChangeStatus | None = None) -> list[str]:
@@ -142,7 +145,7 @@ class WorkspaceDiff:
 # ------------------------------------------------------------------------------ manifests
 
 
-def file_manifest(root: str, max_file_bytes: int = 8 << 20) -> dict[str, str]:
+def file_manifest(root: str, max_file_bytes: int = 8 << 20, max_entries: int = 200_000) -> dict[str, str]:
     """{relative path: digest} of every regular file and symlink under `root`, caches and VCS
     directories left out. A digest is the sha256 hex of the content; "link:" + target for a
     symlink (never followed); "big:<size>" for a file over `max_file_bytes`, which is not read;
@@ -154,7 +157,8 @@ def file_manifest(root: str, max_file_bytes: int = 8 << 20) -> dict[str, str]:
     hashed only if fstat says it is a regular file (a FIFO, socket or device, even one swapped in
     after the listing, is skipped and cannot hang the walk); at most `max_file_bytes` + 1 bytes
     are read (a sparse file of 100 GB costs nothing); directories deeper than 64 levels and
-    names that are not valid UTF-8 are not part of the manifest.
+    names that are not valid UTF-8 are not part of the manifest. More than `max_entries` entries
+    raise OverflowError (a workspace filled with files to make the walk time out).
 
     This function's source is also shipped into the sandbox and run there (`python3 -I`), so it
     uses the standard library only and imports what it needs inside; keep `max_file_bytes`'s
@@ -207,6 +211,8 @@ def file_manifest(root: str, max_file_bytes: int = 8 << 20) -> dict[str, str]:
             except (UnicodeEncodeError, OSError):
                 continue  # a surrogate-escaped name, or gone since the listing
             rel = prefix + name
+            if len(out) >= max_entries:
+                raise OverflowError(f"more than {max_entries} files")
             if stat.S_ISLNK(st.st_mode):
                 try:
                     target = os.readlink(name, dir_fd=dir_fd)
@@ -245,13 +251,18 @@ _DIFF_SCRIPT = (
     + """
 import json, sys
 expected = json.load(sys.stdin)
-actual = file_manifest(".", MAX_FILE_BYTES)
+try:
+    actual = file_manifest(".", MAX_FILE_BYTES, MAX_ENTRIES)
+except OverflowError:
+    print(json.dumps({"overflow": MAX_ENTRIES}))
+    raise SystemExit(0)
 changed = sorted(p for p, h in actual.items() if expected.get(p) != h)
 too_big = {p for p in changed if actual[p].startswith("big:") or actual[p] == "unreadable"}
 changed = [p for p in changed if p not in too_big]
-omitted = len(too_big) + max(0, len(changed) - MAX_CHANGED)
-changed = {p: actual[p] for p in changed[:MAX_CHANGED]}
 deleted = sorted(p for p in expected if p not in actual)
+omitted = len(too_big) + max(0, len(changed) - MAX_CHANGED) + max(0, len(deleted) - MAX_CHANGED)
+changed = {p: actual[p] for p in changed[:MAX_CHANGED]}
+deleted = deleted[:MAX_CHANGED]  # the output stays far below the exec's output cap
 links = {p: h[len("link:"):] for p, h in changed.items() if h.startswith("link:")}
 print(json.dumps({"changed": changed, "deleted": deleted, "links": links, "omitted": omitted}))
 """
@@ -260,6 +271,10 @@ print(json.dumps({"changed": changed, "deleted": deleted, "links": links, "omitt
 # dump made in the workspace); they are counted in WorkspaceDiff.omitted and never copied.
 MAX_CHANGED_FILES = 2000
 MAX_FILE_BYTES = 8 << 20
+MAX_ENTRIES = 200_000
+"""A workspace with more files than this is not walked: its diff is an overflow (scored 0, since
+filling the workspace until the walk times out would otherwise mask the episode as an
+infrastructure failure)."""
 
 
 def workspace_changes(
@@ -274,7 +289,8 @@ def workspace_changes(
     expected = file_manifest(broken_repo_dir)
     # -I: isolated mode, so modules the agent put in the workspace (a json.py, a sitecustomize.py)
     # cannot shadow the standard library and fake the manifest.
-    script = f"MAX_CHANGED = {MAX_CHANGED_FILES}\nMAX_FILE_BYTES = {MAX_FILE_BYTES}\n" + _DIFF_SCRIPT
+    script = f"MAX_CHANGED = {MAX_CHANGED_FILES}\nMAX_FILE_BYTES = {MAX_FILE_BYTES}\nMAX_ENTRIES = {MAX_ENTRIES}\n"
+    script += _DIFF_SCRIPT
     res = sandbox.exec(["python3", "-I", "-c", script], stdin=json.dumps(expected), timeout_s=timeout_s)
     if res.exit_code != 0 or res.truncated:
         raise SandboxError(f"workspace manifest failed (exit {res.exit_code}): {res.output[-2000:]}")
@@ -283,6 +299,8 @@ def workspace_changes(
     except (json.JSONDecodeError, IndexError) as e:
         raise SandboxError(f"workspace manifest: unreadable output {res.stdout[-500:]!r}") from e
 
+    if "overflow" in report:
+        return WorkspaceDiff(overflow=int(report["overflow"]))
     changes, omitted = [], int(report["omitted"])
     for path in sorted(set(report["changed"]) | set(report["deleted"])):
         old = _read_host(broken_repo_dir, path) if path in expected else None

@@ -136,6 +136,9 @@ def compute_reward(
             if agent_sandbox is None:
                 raise ValueError("compute_reward: pass agent_sandbox or changes")
             changes = workspace_changes(agent_sandbox, broken, task.test_files)
+        if changes.overflow:  # the agent's doing (a workspace filled with files): a zero, not masked
+            tests = dict.fromkeys([*task.FAIL_TO_PASS, *task.PASS_TO_PASS], "missing")
+            return RewardResult(0.0, 0.0, tests, f"The workspace held more than {changes.overflow} files; not scored.")
         if open_sandbox is None:
             from carl.sandbox import open_sandbox
         sandbox = open_sandbox(broken, sandbox_config_for(task, config.sandbox))
