@@ -35,6 +35,7 @@ from carl.harness.tools import default_tools
 from carl.sandbox import SandboxConfig, SandboxPathError, cgroup, open_sandbox
 from carl.types import ToolCall
 from env_server import start
+from tools_sandbox import HashingEmbedder
 
 ISOLATING = ("bwrap", "gvisor", "remote")
 
@@ -150,15 +151,17 @@ def _try(fn):
         return e
 
 
-def test_file_calls_racing_a_swapping_command_never_reach_the_host(make, host_secret):
-    """The race of issue 27 through the tools (run_calls, as the agent loop runs one message)."""
+def test_file_calls_racing_a_swapping_command_never_reach_the_host(make, host_secret, tmp_path):
+    """The race of issue 27 through every tool that acts on the host's copy (run_calls, as the
+    agent loop runs one message): read, write, edit, list, glob, semantic search."""
     sb = make()
-    tools = default_tools()
+    tools = default_tools(embedder=HashingEmbedder(), cache_dir=tmp_path / "index")
     swap = threading.Thread(target=lambda: sb.exec(_swapper(host_secret, 2), timeout_s=20), daemon=True)
     swap.start()
     calls = [ToolCall("read_file", {"path": "d/secret.txt"}), ToolCall("write_file", {"path": "d/new.txt", "content": "x"}),
              ToolCall("edit_file", {"path": "d/secret.txt", "old": "HOST", "new": "AGENT"}),
-             ToolCall("list_dir", {"path": "d"}), ToolCall("glob", {"pattern": "d/*"})]
+             ToolCall("list_dir", {"path": "d"}), ToolCall("glob", {"pattern": "d/*"}),
+             ToolCall("semantic_search", {"query": "host secret"})]
     outputs = []
     deadline = time.monotonic() + 4
     while swap.is_alive() and time.monotonic() < deadline:

@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 
 import numpy as np
 import pytest
-from tools_sandbox import make_repo, open_test_sandbox
+from tools_sandbox import HashingEmbedder, make_repo, open_test_sandbox
 
 from carl.harness.tools.semantic import SemanticSearch, chunk_file
-
-
-class HashingEmbedder:
-    """Deterministic bag-of-words embedder: each word hashes to one of 256 dimensions."""
-
-    name = "test-hashing-256"
-    dim = 256
-
-    def __init__(self) -> None:
-        self.embedded: list[str] = []
-
-    def embed(self, texts):
-        self.embedded += list(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, text in enumerate(texts):
-            for word in re.findall(r"[a-z]+", text.lower()):
-                out[i, int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dim] += 1.0
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 
 PARSER = '''"""Config parsing."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 import sys
 import warnings
 from pathlib import Path
+
+import numpy as np
 
 from carl.sandbox import SandboxConfig, open_sandbox
 
@@ -22,3 +26,21 @@ def open_test_sandbox(source: Path, backend: str = "local"):
     with warnings.catch_warnings():  # the local backend warns that it isolates nothing; we know
         warnings.simplefilter("ignore")
         return open_sandbox(str(source), SandboxConfig(backend=backend, timeout_s=30, python_env=sys.prefix))
+
+
+class HashingEmbedder:
+    """Deterministic bag-of-words embedder: each word hashes to one of 256 dimensions."""
+
+    name = "test-hashing-256"
+    dim = 256
+
+    def __init__(self) -> None:
+        self.embedded: list[str] = []
+
+    def embed(self, texts):
+        self.embedded += list(texts)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in re.findall(r"[a-z]+", text.lower()):
+                out[i, int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dim] += 1.0
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
