@@ -221,6 +221,22 @@ def test_channel_ignores_lines_without_the_secret_and_voids_a_verdict_with_forge
         assert run.tampering and "passed" not in run.outcomes.values()
 
 
+def test_channel_subtests_may_repeat_and_a_failing_one_fails_its_test():
+    """unittest's subTest and pytest's subtests report calls of their own under the test's node
+    id: repeating them is no forgery, and one that failed fails the test."""
+    stderr = _lines("start", "test 0 subtest failed", "test 0 subtest failed", "test 0 call passed",
+                    "test 1 subtest skipped", "test 1 call passed", "done 1 2")
+    run = _verdict(_channel(stderr, "s3cr3t"), IDS[:2], _res(stderr))
+    assert run.outcomes == {"t.py::ok": "failed", "t.py::bad": "passed"} and run.tampering == ()
+
+
+def test_channel_a_last_line_cut_by_the_output_cap_is_no_forgery():
+    stderr = _lines("start", "test 0 call passed", "test 1 ca")
+    cut = ExecResult(exit_code=1, stdout="", stderr=stderr, truncated=True)
+    run = _verdict(_channel(stderr, "s3cr3t"), IDS[:2], cut)
+    assert run.tampering == () and run.outcomes == {"t.py::ok": "passed", "t.py::bad": "missing"}
+
+
 def test_channel_timeout_marks_unreported_tests():
     stderr = _lines("start", "test 0 call passed")
     run = _verdict(_channel(stderr, "s3cr3t"), IDS[:2], _res(stderr, timed_out=True))

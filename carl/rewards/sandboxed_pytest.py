@@ -13,10 +13,11 @@ Why each step (the agent's code is imported by the tests, so it runs in this pro
    the standard-library modules pytest imports lazily, and the pytest11 plugins of the prepared
    environment are imported now, from the read-only environment: a `pytest.py`, `_pytest/` or
    `doctest.py` in the workspace cannot shadow them.
-2. The verdict channel is a duplicate of stderr taken before any repository code runs. Every
-   finished test phase is written to it at once, each line tagged with the per-run secret read
-   from stdin, so a result that has been written cannot be rewritten later (an atexit hook that
-   edits a report file changes nothing), and lines printed by other code lack the secret.
+2. The verdict channel is the stderr pipe, taken (dup) before any repository code runs; fd 2
+   then points at stdout, so test output does not crowd it. Every finished test phase is
+   written to it at once, each line tagged with the per-run secret read from stdin, so a result
+   that has been written cannot be rewritten later (an atexit hook that edits a report file
+   changes nothing), and lines printed by other code lack the secret.
 3. Plugin autoloading is off (PYTEST_DISABLE_PLUGIN_AUTOLOAD): plugins come from the prepared
    environment (step 1) and, by name from the host, from the original repository's own metadata;
    package metadata the agent adds is never read. The host passes `--rootdir` and `-c` with the
@@ -47,6 +48,7 @@ if __name__ != "__main__":
 _CONFIG = json.loads(sys.stdin.readline())
 _SECRET = _CONFIG["secret"].encode()
 _CHANNEL_FD = os.dup(2)
+os.dup2(1, 2)  # everything else written to stderr goes to stdout: the stderr pipe is the channel's alone
 _write = os.write  # held here: code that later replaces os.write or json does not reach the channel
 sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE
 
@@ -114,6 +116,10 @@ _PROTOCOL_HOOKS = (
     "pytest_report_teststatus", "pytest_make_collect_report", "pytest_collectreport", "pytest_collection_modifyitems",
     "pytest_sessionfinish", "pytest_deselected",
 )  # fmt: skip
+
+
+MAX_TEXTS = 40
+"""Failure texts sent at most (the feedback shows a few): the channel stays far below the output cap."""
 
 
 def _owner(path):
@@ -190,6 +196,7 @@ class _Verdict:
     def __init__(self, node_ids, max_text):
         self.index = {n: i for i, n in enumerate(node_ids)}
         self.max_text = max_text
+        self.texts_left = MAX_TEXTS
         self.config = None
 
     def pytest_configure(self, config):
@@ -205,14 +212,21 @@ class _Verdict:
     def pytest_runtest_logreport(self, report):
         if report.when != "call" and report.passed:
             return  # a passed setup or teardown says nothing yet
-        outcome = "passed" if report.passed else "failed" if report.failed else "skipped"
+        if report.outcome not in ("passed", "failed", "skipped"):
+            return  # e.g. "rerun": a plugin runs the test again, and that run reports
+        # A subtest (unittest's subTest, pytest's subtests fixture) reports a call of its own; only
+        # a failed one says something the test's own report does not (a suite may run thousands).
+        when = "subtest" if getattr(report, "context", None) is not None else report.when
+        if when == "subtest" and not report.failed:
+            return
         _check_integrity(self.config)
         index = self.index.get(report.nodeid)
         if index is None:
-            _send("other", report.when, outcome, escape(report.nodeid))
+            _send("other", when, report.outcome, escape(report.nodeid))
             return
-        _send("test", index, report.when, outcome)
-        if report.failed:
+        _send("test", index, when, report.outcome)
+        if report.failed and self.texts_left > 0:  # the feedback shows a few; the channel stays small
+            self.texts_left -= 1
             _send("text", index, escape(report.longreprtext[-self.max_text :]))
 
     def pytest_sessionfinish(self, session, exitstatus):

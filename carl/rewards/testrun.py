@@ -9,8 +9,8 @@
     stderr lines "<secret> test <i> <when> <outcome>" ... "<secret> done <status> <n>" -> TestRun
 
 The runner itself is carl/rewards/sandboxed_pytest.py (what it guarantees is written there).
-Outcomes per node id: "passed", "failed" (the test body failed), "error" (setup or teardown
-failed, or its file did not collect), "skipped" (skip, xfail), "missing" (never reported: the
+Outcomes per node id: "passed", "failed" (the test body or one of its subtests failed), "error"
+(setup or teardown failed, or its file did not collect), "skipped" (skip, xfail), "missing" (never reported: the
 session died or the id was not collected), "timeout". The verdict is void, and every test counts
 as failed, when the runner reports tampering or the channel is inconsistent (a line with the
 secret that does not parse, a test reported twice for one phase).
@@ -33,6 +33,7 @@ RUNNER_SOURCE = (Path(__file__).parent / "sandboxed_pytest.py").read_text()
 
 Outcome = str  # "passed" | "failed" | "error" | "skipped" | "missing" | "timeout"
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+_PHASES = ("setup", "call", "teardown", "subtest")
 
 
 @dataclass(frozen=True)
@@ -163,15 +164,18 @@ def _verdict(lines: list[tuple[str, list[str]]], node_ids: list[str], res: ExecR
     tampering: list[str] = []
     seen: set[tuple[int, str]] = set()
     completed = False
-    for kind, fields in lines:
+    for n, (kind, fields) in enumerate(lines):
         try:
             if kind == "test":
                 i, when, outcome = int(fields[0]), fields[1], fields[2]
                 node = node_ids[i]
-                if (i, when) in seen or outcome not in _RANK or when not in ("setup", "call", "teardown"):
+                if (i, when) in seen or outcome not in _RANK or when not in _PHASES:
                     raise ValueError(f"test {node} reported twice, or with an unknown phase or outcome")
-                seen.add((i, when))
-                if outcome == "failed" and when != "call":
+                if when == "subtest" and outcome != "failed":
+                    continue  # a test may have any number of subtests; only a failed one counts
+                if when != "subtest":
+                    seen.add((i, when))
+                if outcome == "failed" and when in ("setup", "teardown"):
                     outcome = "error"
                 if node not in outcomes or _RANK[outcome] > _RANK[outcomes[node]]:
                     outcomes[node] = outcome
@@ -186,6 +190,8 @@ def _verdict(lines: list[tuple[str, list[str]]], node_ids: list[str], res: ExecR
             elif kind not in ("start", "other"):
                 raise ValueError(f"unknown line kind {kind!r}")
         except (ValueError, IndexError) as e:
+            if n == len(lines) - 1 and res.truncated:
+                continue  # the output cap cut the last line short
             tampering.append(f"the verdict channel carried a line it should not: {e}")
     for node in node_ids:  # a test whose file did not collect is an error, with the file's reason
         file_error = collect.get(node.split("::")[0])
