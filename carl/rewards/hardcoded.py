@@ -20,6 +20,7 @@ from typing import Any
 from carl.rewards.diff import FileChange, WorkspaceDiff, edited_python, patched_file
 from carl.tasks.doctests import doctest_examples, doctest_object, is_doctest_id, without_doctest_examples
 from carl.rewards.fold import Folded, fold, leaves, scope_env, scoped_nodes
+from carl import pyast
 
 # Added code that looks at the test run itself instead of computing an answer.
 _TEST_SNIFF = re.compile(
@@ -319,7 +320,7 @@ def read_inside(root: str, path: str) -> str:
 
 def parse_python(source: str, mode: str = "exec") -> ast.AST | None:
     try:
-        return ast.parse(source, mode=mode)
+        return pyast.parse(source, mode=mode)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

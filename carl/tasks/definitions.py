@@ -11,6 +11,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from carl import pyast
+
 
 @dataclass(frozen=True)
 class Definition:
@@ -45,7 +47,7 @@ def parse_definitions(root: Path, rel: str, module: str) -> list[Definition]:
     """Top-level functions and classes of a file, and the methods of its top-level classes."""
     source = (root / rel).read_bytes()
     try:
-        tree = ast.parse(source, filename=rel)
+        tree = pyast.parse(source, filename=rel)
     except SyntaxError:
         return []
     lines = source.splitlines(keepends=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from carl.tasks.definitions import Definition, parse_definitions
 from carl.tasks.layout import Layout
+from carl import pyast
 
 STUB_BODY = "raise NotImplementedError"
 
@@ -98,7 +99,7 @@ def apply_deletion(root: Path, cand: Candidate, mode: str, layout: Layout) -> li
         for start, end, repl in sorted(es, reverse=True):
             data = data[:start] + repl + data[end:]
         try:
-            ast.parse(data)
+            pyast.parse(data)
         except SyntaxError as e:
             raise DeletionError(f"{cand.name}: edited {rel} does not parse ({e.msg})") from None
         new_data[rel] = data
@@ -142,7 +143,7 @@ def _outermost(defs: tuple[Definition, ...]) -> list[Definition]:
 def _remove_edits(root: Path, rel: str, defs: list[Definition]) -> list[Edit]:
     data = (root / rel).read_bytes()
     offs = _line_offsets(data)
-    tree = ast.parse(data)
+    tree = pyast.parse(data)
     edits: list[Edit] = []
     gone = {(d.start, d.end) for d in defs}
     for d in defs:
@@ -178,7 +179,7 @@ def _import_fixups(
     trees = {}
     for rel in files:
         try:
-            trees[rel] = ast.parse((root / rel).read_bytes())
+            trees[rel] = pyast.parse((root / rel).read_bytes())
         except SyntaxError:
             continue
 

@@ -34,6 +34,8 @@ import ast
 import re
 from collections.abc import Iterable, Iterator
 
+from carl import pyast
+
 # doctest.DocTestParser's example start: a line whose first non-blank characters are `>>>`.
 _EXAMPLE = re.compile(r"^[ \t]*>>>", re.MULTILINE)
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # the line ends the tokenizer knows (str.splitlines knows more)
@@ -193,7 +195,7 @@ def _parse(source: str) -> tuple[ast.Module, int] | None:
     """(tree, offset of the code in `source`): a leading BOM is skipped, as the import system does."""
     bom = 1 if source.startswith("\ufeff") else 0
     try:
-        return ast.parse(source[bom:]), bom
+        return pyast.parse(source[bom:]), bom
     except (SyntaxError, ValueError):
         return None
 

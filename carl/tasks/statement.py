@@ -13,6 +13,7 @@ from pathlib import Path
 
 from carl.tasks.doctests import is_doctest_id
 from carl.tasks.delete import Candidate
+from carl import pyast
 
 MAX_LISTED_TESTS = 10
 
@@ -83,7 +84,7 @@ def _signature_and_doc(path: Path, start: int, end: int) -> tuple[str, str]:
     lines = source.splitlines()
     text = "\n".join(lines[start - 1 : end])
     try:
-        tree = ast.parse(_dedent(text))
+        tree = pyast.parse(_dedent(text))
     except SyntaxError:
         return lines[start - 1].strip(), ""
     node = next(

@@ -33,6 +33,7 @@ from carl.harness.tools.base import ParamSpec, ToolFailure, ToolSpec
 from carl.harness.tools.embedder import Embedder, default_embedder
 from carl.harness.tools.search import NOISE_DIRS
 from carl.sandbox.base import Sandbox
+from carl import pyast
 
 MAX_FILE_BYTES = 200_000
 MAX_FILES = 5000
@@ -68,7 +69,7 @@ def chunk_file(path: str, text: str) -> list[Chunk]:
     lines = text.splitlines()
     if path.endswith(".py"):
         try:
-            tree = ast.parse(text)
+            tree = pyast.parse(text)
         except (SyntaxError, ValueError):
             tree = None
         if tree is not None:
