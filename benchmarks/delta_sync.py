@@ -18,7 +18,7 @@ random token batch, and after each step encode the new weights against the previ
 `--precision bf16` (default) trains the bf16 parameters directly, as the issue asks;
 `--precision mixed` keeps fp32 master weights and AdamW state and publishes their bf16 cast,
 as a mixed-precision trainer would (small updates then accumulate until they flip a bit).
-Note: the offline SmolLM2 weights are dequantised from a Q4_1 GGUF (`carl/policy/smollm2.py`),
+Note: the offline SmolLM2 weights are dequantised from a Q4_1 GGUF (`carl/engine/smollm2.py`),
 which makes plain zstd of the full weights compress better than it would on the original bf16.
 """
 
@@ -71,7 +71,7 @@ def main() -> None:
     seq_len = args.seq_len or (32 if args.device == "cpu" else 512)
     config = DeltaSyncConfig(snapshot_every=1000, zstd_level=args.zstd_level)
 
-    from carl.policy.smollm2 import smollm2_path
+    from carl.engine.smollm2 import smollm2_path
 
     path = args.model or smollm2_path()
     load_dtype = torch.float32 if args.precision == "mixed" else torch.bfloat16

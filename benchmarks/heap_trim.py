@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/heap_trim.py --quick     # tiny random model, ~1 min on 2 cores
     .venv/bin/python benchmarks/heap_trim.py             # SmolLM2-135M, 16 episodes x 6 turns
 
-Runs benchmarks/sampler.py's agent load (episode threads sharing one HFPolicy, as RL and eval do)
+Runs benchmarks/sampler.py's agent load (episode threads sharing one HFEngine, as RL and eval do)
 in fresh processes, one with `heap_trim_s=0` (never trim) and one with the policy's default, in
 the order off, on, off, on for --repeats 2. Each process reports its peak RSS (VmHWM) after the
 load, its RSS then, and its generated tokens/s; this prints them per run and the ratios of the
@@ -24,14 +24,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from carl.policy.hf import HFPolicyConfig  # noqa: E402  (after the path insert)
+from carl.engine.hf import HFEngineConfig  # noqa: E402  (after the path insert)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="sampler.py --quick (tiny random model)")
     p.add_argument("--repeats", type=int, default=1, help="processes per setting, interleaved")
-    p.add_argument("--trim-s", type=float, default=HFPolicyConfig.heap_trim_s, help="the trimmed runs' heap_trim_s")
+    p.add_argument("--trim-s", type=float, default=HFEngineConfig.heap_trim_s, help="the trimmed runs' heap_trim_s")
     p.add_argument("--json", default=None, help="also write the numbers here")
     args, extra = p.parse_known_args()
     if args.repeats < 1 or args.trim_s <= 0:

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/sampler.py                                  # SmolLM2-135M, 16 episodes
     python benchmarks/sampler.py --device cuda --model random-smollm2 --episodes 64   # a GPU machine
 
-N episode threads share one `HFPolicy`, as RL and eval rollouts do. Each episode runs --turns
+N episode threads share one `HFEngine`, as RL and eval rollouts do. Each episode runs --turns
 turns: it generates up to a random budget of tokens (uniform in --new-tokens LO HI; no stop ids),
 then spends a "tool" gap, then appends --obs-len observation ids to its prompt. The gap is either
 a sleep (--tool sleep, uniform in --gap LO HI seconds) or --tool process: that many fresh Python
@@ -13,7 +13,7 @@ start a pytest process per call. Reported:
 
   - wall time and generated tokens/s of the whole phase, the per-turn latency of `generate`
     (p50 / p90: what an episode waits for each assistant turn);
-  - the sampler's own split (`HFPolicy.take_stats`): busy fraction of the wall time, prefill,
+  - the sampler's own split (`HFEngine.take_stats`): busy fraction of the wall time, prefill,
     decode ms per step, mean rows per decode step, merges;
   - the baseline, measured in the same process on the same model: `model.generate` of --episodes
     prompts of the episodes' mean first-turn length, each making the episodes' mean tokens per
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trainer import model_folder, save_random_llama, sync
 
-from carl.policy.hf import HFPolicy, HFPolicyConfig, pad_token_id
+from carl.engine.hf import HFEngine, HFEngineConfig, pad_token_id
 
 
 def main() -> None:
@@ -61,7 +61,7 @@ def main() -> None:
                    help="--tool sleep: seconds; --tool process: processes per tool call")
     p.add_argument("--prefix-cache", type=int, default=None, help="prefix_cache_tokens (default: the policy's auto)")
     p.add_argument("--attn", default="auto", help="attn_implementation of the sampler")
-    p.add_argument("--heap-trim-s", type=float, default=HFPolicyConfig.heap_trim_s,
+    p.add_argument("--heap-trim-s", type=float, default=HFEngineConfig.heap_trim_s,
                    help="heap_trim_s of the policy (0: never hand free heap pages back; see carl.systems.heap)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny random model, 8 episodes x 3 turns")
@@ -77,7 +77,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = tiny_model(Path(tmp) / "tiny") if args.model == "tiny" else model_folder(args.model, Path(tmp))
-        policy = HFPolicy(HFPolicyConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
+        policy = HFEngine(HFEngineConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
                                          max_batch_size=args.episodes, seed=args.seed, attn_implementation=args.attn,
                                          prefix_cache_tokens=args.prefix_cache, heap_trim_s=args.heap_trim_s))
         print(f"{args.model} on {args.device} ({args.dtype}), {args.episodes} episodes x {args.turns} turns, "
@@ -95,7 +95,7 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(out, indent=2))
 
 
-def agent_load(policy: HFPolicy, args: argparse.Namespace) -> dict[str, float]:
+def agent_load(policy: HFEngine, args: argparse.Namespace) -> dict[str, float]:
     vocab = policy.model.config.vocab_size
     rng = random.Random(args.seed)
     first = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(args.episodes)]
@@ -145,7 +145,7 @@ def agent_load(policy: HFPolicy, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-def baseline(policy: HFPolicy, args: argparse.Namespace, load: dict[str, float]) -> dict[str, float]:
+def baseline(policy: HFEngine, args: argparse.Namespace, load: dict[str, float]) -> dict[str, float]:
     """model.generate of one padded batch of the episodes' first prompts, the mean tokens per turn each."""
     model, device = policy.model, args.device
     new = max(1, round(load["generated_tokens"] / (args.episodes * args.turns)))

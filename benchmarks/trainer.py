@@ -9,14 +9,14 @@
          `--gen-frac` of the tokens sampled (loss only there)
     (a') plain transformers: model(input_ids, attention_mask, labels) -> loss.backward() on the same
          padded micro-batches, gradient clipping, the same AdamW step
-    (b)  carl.policy.hf.HFPolicy.generate: B concurrent requests (threads, batched together by the
+    (b)  carl.engine.hf.HFEngine.generate: B concurrent requests (threads, batched together by the
          policy), N new tokens each, sampled at temperature 1 with log-probs
     (b') model.generate of the same B prompts on the same model object (do_sample, top_k off,
          min_new_tokens = N so every row makes exactly N tokens)
 
     (c)  multi-turn episodes: B concurrent threads, each --turns turns; turn t's prompt is turn
          t-1's prompt + its sampled ids + --obs-len observation ids (as the harness builds it),
-         HFPolicy with prefix reuse (`prefix_cache_tokens=65536`) against the same policy with
+         HFEngine with prefix reuse (`prefix_cache_tokens=65536`) against the same policy with
          reuse off (`prefix_cache_tokens=0`), same prompts, same seeds
     (d)  rl_step with the KL penalty (rl.kl_coef = 1) and the top --trainable-layers blocks
          trained, the reference sharing the policy's frozen trunk (carl.train.reference)
@@ -49,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from carl.policy.hf import DTYPES, HFPolicy, HFPolicyConfig, load_model, pad_token_id
+from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, load_model, pad_token_id
 from carl.tasks import TaskRecord
 from carl.train.config import RLConfig
 from carl.train.loop import set_trainable
@@ -177,11 +177,11 @@ def micro_batches_of(rows: list[list[int]], max_tokens: int) -> list[list]:
     return micro_batches([TrainSequence(r, [True] * len(r), [0.0] * len(r), 0.0) for r in rows], max_tokens)
 
 
-# ---------------------------------------------------------------- (b) HFPolicy.generate vs model.generate
+# ---------------------------------------------------------------- (b) HFEngine.generate vs model.generate
 
 
 def bench_generate(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
-    policy = HFPolicy(HFPolicyConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
+    policy = HFEngine(HFEngineConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
                                      max_batch_size=args.batch, batch_wait_s=0.05))
     vocab = policy.model.config.vocab_size
     g = torch.Generator().manual_seed(1)
@@ -228,7 +228,7 @@ def bench_generate(path: Path, args: argparse.Namespace, iters: int) -> dict[str
         "generate_plain_tokens_per_s": tokens / t_plain,
         "generate_ratio_carl_over_plain": t_plain / t_carl,
     }
-    print(f"(b)  HFPolicy.generate {out['generate_tokens_per_s']:9.1f} tok/s ({t_carl:.2f} s for {tokens} tokens, "
+    print(f"(b)  HFEngine.generate {out['generate_tokens_per_s']:9.1f} tok/s ({t_carl:.2f} s for {tokens} tokens, "
           f"up to {live_rows} rows decoded together)")
     print(f"(b') model.generate    {out['generate_plain_tokens_per_s']:9.1f} tok/s ({t_plain:.2f} s)   "
           f"ratio {out['generate_ratio_carl_over_plain']:.2f}")
@@ -239,7 +239,7 @@ def bench_generate(path: Path, args: argparse.Namespace, iters: int) -> dict[str
 
 
 def bench_multiturn(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
-    policies = {name: HFPolicy(HFPolicyConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
+    policies = {name: HFEngine(HFEngineConfig(path=str(path), dtype=args.dtype, device=args.device, temperature=1.0,
                                               max_batch_size=args.batch, batch_wait_s=0.05, seed=3, **kw))
                 for name, kw in (("reuse", {"prefix_cache_tokens": 65536}), ("full", {"prefix_cache_tokens": 0}))}
     vocab = policies["reuse"].model.config.vocab_size
@@ -347,7 +347,7 @@ def sync(device: str) -> None:
 
 def model_folder(name: str, tmp: Path) -> Path:
     if name == "smollm2":
-        from carl.policy.smollm2 import smollm2_path
+        from carl.engine.smollm2 import smollm2_path
 
         return smollm2_path()
     if name == "random-smollm2":

@@ -9,6 +9,7 @@ defines `register(subparsers)`; those modules import nothing heavy at module lev
     carl tasks build|validate|stats|show ...
     carl train [CONFIG] [a.b=value ...]
     carl eval --checkpoint DIR --tasks FILE
+    carl engine setup|serve    vLLM's environment, a vLLM server for carl
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ GROUPS = {
     "tasks": "carl.tasks.cli",
     "train": "carl.train.cli",
     "eval": "carl.eval.cli",
+    "engine": "carl.engine.cli",
 }
 
 
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from carl.config import ConfigError
+    from carl.engine.base import EngineError
     from carl.errors import UserError
 
     try:
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"carl: {e}", file=sys.stderr)
         return 2
+    except EngineError as e:
+        print(f"carl: engine: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("carl: interrupted", file=sys.stderr)
         return 130

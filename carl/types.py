@@ -121,6 +121,9 @@ class Segment:
     # token_ids_T (-1 where nothing was routed); `carl.systems.router_replay.encode_routes` stores
     # them compactly (base64 of a uint8/uint16 array).
     routing: dict[str, Any] | None = None
+    # [start, length, version] per run of generated tokens: the weights version that sampled
+    # token_ids_T[start : start + length] (async RL logs per-token staleness from these)
+    versions: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -177,6 +180,7 @@ class Trajectory:
                 logprobs_T=list(s.get("logprobs_T", [])),
                 generated_mask_T=list(s.get("generated_mask_T", [])),
                 routing=s.get("routing"),
+                versions=[list(v) for v in s.get("versions", [])],
             )
             for s in d.get("segments", [])
         ]

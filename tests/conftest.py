@@ -1,4 +1,6 @@
-"""Markers: `slow` runs only with CARL_SLOW=1; `gpu` only when CUDA is present."""
+"""Markers: `slow` runs only with CARL_SLOW=1; `gpu` only when CUDA is present; `vllm` only when
+vLLM's environment is built (`carl engine setup`), or always with CARL_REQUIRE_VLLM=1 (`make test`
+and CI set it, so a missing environment fails there instead of skipping)."""
 
 import os
 
@@ -8,11 +10,14 @@ import pytest
 def pytest_collection_modifyitems(config, items):
     run_slow = os.environ.get("CARL_SLOW") == "1"
     has_gpu = _has_cuda()
+    has_vllm = os.environ.get("CARL_REQUIRE_VLLM") == "1" or _has_vllm()
     for item in items:
         if "slow" in item.keywords and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: set CARL_SLOW=1 to run"))
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="gpu: no CUDA device"))
+        if "vllm" in item.keywords and not has_vllm:
+            item.add_marker(pytest.mark.skip(reason="vllm: no vLLM environment (run `carl engine setup`)"))
 
 
 def _has_cuda() -> bool:
@@ -21,3 +26,9 @@ def _has_cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def _has_vllm() -> bool:
+    from carl.engine.vllm_env import built_venv
+
+    return built_venv() is not None

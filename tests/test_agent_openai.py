@@ -9,7 +9,7 @@ import pytest
 from agent_fakes import FakeSandbox, file_tools
 
 from carl.harness.agent import EpisodeLimits, TextTask, run_episode
-from carl.policy.openai_client import OpenAIChatPolicy, PolicyError
+from carl.engine.openai_client import OpenAIChatPolicy, PolicyError
 from carl.types import Message, StopReason
 
 
@@ -101,7 +101,7 @@ def test_episode_over_the_endpoint_and_endpoint_down_is_policy_error():
 
 
 def test_episode_views_send_seeds_named_by_seed_key_and_turn():
-    """Eval episodes over an endpoint carry per-turn seeds (`carl.policy.streams`): the same episode
+    """Eval episodes over an endpoint carry per-turn seeds (`carl.engine.streams`): the same episode
     key repeats its seeds, another key or seed does not; a policy without a seed sends none."""
     server = FakeServer(["a"] * 10)
     p = policy(server, seed=5)

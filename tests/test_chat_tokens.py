@@ -141,7 +141,7 @@ def test_fixture_template_is_chatml(tokenizer):
 def test_smollm2_tokenizer_and_template_are_token_exact():
     from transformers import AutoTokenizer
 
-    from carl.policy.smollm2 import GGUF_FILE, find_gguf
+    from carl.engine.smollm2 import GGUF_FILE, find_gguf
 
     gguf = find_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=GGUF_FILE)

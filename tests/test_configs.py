@@ -1,5 +1,5 @@
 """Every configs/*.toml parses into TrainConfig; each real-model config builds the trainer's model path
-(load_model -> set_trainable -> AdamW -> rl_step, and the HFPolicy sampler) on a tiny random model of
+(load_model -> set_trainable -> AdamW -> rl_step, and the HFEngine sampler) on a tiny random model of
 the same architecture, with model.path overridden to point at it."""
 
 from pathlib import Path
@@ -11,7 +11,7 @@ from train_fakes import token_rollout
 
 from carl.config import load_config
 from carl.harness.tools import default_tools
-from carl.policy.hf import DTYPES, HFPolicy, HFPolicyConfig, load_model, pad_token_id
+from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, load_model, pad_token_id
 from carl.train.config import TrainConfig
 from carl.train.loop import episode_limits, resolve_model_path, set_trainable
 from carl.train.step import rl_step
@@ -68,7 +68,7 @@ def test_real_model_config_builds_the_trainer_on_a_tiny_model_of_its_architectur
     assert model.config.model_type == real["model_type"]
     trainable = set_trainable(model, min(cfg.model.trainable_layers, 2))
     optimizer = torch.optim.AdamW(trainable, lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay)
-    policy = HFPolicy(HFPolicyConfig(path=str(path), dtype=cfg.model.dtype, temperature=cfg.rollout.temperature,
+    policy = HFEngine(HFEngineConfig(path=str(path), dtype=cfg.model.dtype, temperature=cfg.rollout.temperature,
                                      top_p=cfg.rollout.top_p, seed=cfg.seed, max_batch_size=4))
     try:
         group = []
@@ -87,6 +87,6 @@ def test_real_model_config_builds_the_trainer_on_a_tiny_model_of_its_architectur
             assert changed and all(k.startswith(("model.layers.3.", "model.layers.4.", "model.norm.")) for k in changed)
         else:
             assert "model.embed_tokens.weight" in changed
-        assert policy.update_weights(model.state_dict(), version=1) == 1
+        assert policy.load_state_dict(model.state_dict(), version=1) == 1
     finally:
         policy.close()

@@ -8,7 +8,7 @@ import torch
 from tiny_hf import save_tiny_model
 
 from carl.cli import main
-from carl.policy.hf import load_model
+from carl.engine.hf import load_model
 from carl.train.checkpoint import save_checkpoint
 
 
@@ -149,11 +149,11 @@ def test_eval_fails_when_no_sample_could_be_scored_and_says_why(micro_tasks, che
 def test_eval_samples_each_episode_from_its_own_stream_and_repeats(micro_tasks, checkpoint, tmp_path, monkeypatch):
     """Sample j of task t draws from the streams named "t/j" (not from arrival order), so the same
     --seed gives the same episodes (common random numbers across checkpoints)."""
-    from carl.policy.hf import HFPolicy
+    from carl.engine.hf import HFEngine
 
     keys: list[str] = []
-    episode = HFPolicy.episode
-    monkeypatch.setattr(HFPolicy, "episode", lambda self, key: keys.append(key) or episode(self, key))
+    episode = HFEngine.episode
+    monkeypatch.setattr(HFEngine, "episode", lambda self, key: keys.append(key) or episode(self, key))
     task_id = json.loads(micro_tasks.read_text().splitlines()[0])["instance_id"]
     reports = []
     for i, seed in enumerate(("5", "5", "6")):

@@ -42,10 +42,10 @@ def test_trimmer_off_and_bad_interval():
 
 
 def test_policy_config_rejects_negative_heap_trim():
-    from carl.policy.hf import HFPolicyConfig
+    from carl.engine.hf import HFEngineConfig
 
     with pytest.raises(ValueError, match="heap_trim_s: got -0.5"):
-        HFPolicyConfig(path="x", heap_trim_s=-0.5)
+        HFEngineConfig(path="x", heap_trim_s=-0.5)
 
 
 @pytest.mark.skipif(not GLIBC, reason="needs glibc's malloc_trim and /proc")

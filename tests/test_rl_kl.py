@@ -7,7 +7,7 @@ import torch
 from tiny_hf import save_tiny_model
 from train_fakes import token_rollout
 
-from carl.policy.hf import load_model
+from carl.engine.hf import load_model
 from carl.rl.kl import kl_to_reference_loss
 from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.train.config import RLConfig

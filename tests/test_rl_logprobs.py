@@ -2,7 +2,7 @@ import pytest
 import torch
 from tiny_hf import save_tiny_model
 
-from carl.policy.hf import load_model
+from carl.engine.hf import load_model
 from carl.rl.grpo import grpo_loss
 from carl.rl.logprobs import pad_right, sequence_logprobs, token_logprobs
 

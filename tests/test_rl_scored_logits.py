@@ -2,7 +2,7 @@
 
 import torch
 
-from carl.policy.hf import load_model
+from carl.engine.hf import load_model
 from carl.rl.logprobs import pad_right, sequence_logprobs
 from tests.tiny_hf import save_tiny_model
 

@@ -198,7 +198,7 @@ def test_config_validation_names_the_field():
 def test_teacher_logits_left_padded_match_one_context_at_a_time(tmp_path):
     from tiny_hf import save_tiny_model
 
-    from carl.policy.hf import load_model
+    from carl.engine.hf import load_model
     from carl.rl.self_distill import TeacherContext, teacher_logits
 
     _, model = load_model(save_tiny_model(tmp_path / "m"), torch.float32)

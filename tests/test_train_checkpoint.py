@@ -14,7 +14,7 @@ import torch
 from tiny_hf import save_tiny_model
 from train_fakes import token_rollout
 
-from carl.policy.hf import load_model
+from carl.engine.hf import load_model
 from carl.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint
 from carl.train.config import RLConfig
 from carl.train.loop import seed_everything, set_trainable, task_order

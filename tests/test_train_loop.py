@@ -32,7 +32,7 @@ def _cfg(tmp_path, one_task, *extra):
     model = save_tiny_model(tmp_path / "tiny")
     return load_config(TrainConfig, None, [
         f"run_dir={tmp_path / 'run'}", f"model.path={model}", "model.dtype=float32", "model.trainable_layers=1",
-        f"tasks={one_task}", f"eval_tasks={one_task}", "sandbox.backend=local",
+        f"tasks={one_task}", f"eval_tasks={one_task}", "sandbox.backend=local", "engine.kind=hf",
         "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",
         "limits.context_budget_tokens=20000",
         "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0", "warm_start.wrong_edit=0", "warm_start.skip_read=1",

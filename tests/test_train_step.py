@@ -11,7 +11,7 @@ import torch
 from tiny_hf import save_tiny_model, tiny_tokenizer
 from train_fakes import TOOLS, failed_rollout, solved_rollout, token_rollout
 
-from carl.policy.hf import load_model
+from carl.engine.hf import load_model
 from carl.tasks import TaskRecord
 from carl.train.config import RLConfig
 from carl.train.loop import set_trainable

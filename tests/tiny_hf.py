@@ -43,20 +43,22 @@ def tiny_tokenizer():
     return fast
 
 
-def save_tiny_model(folder: str | Path, arch: str = "llama", seed: int = 0) -> Path:
-    """Save a random tiny causal LM ("llama" dense or "qwen2_moe") and the tiny tokenizer to `folder`."""
+def save_tiny_model(folder: str | Path, arch: str = "llama", seed: int = 0, head_dim: int = 16) -> Path:
+    """Save a random tiny causal LM ("llama" dense or "qwen2_moe") and the tiny tokenizer to `folder`.
+    `head_dim` 16 (4 heads of a 64-wide model) or 64 (2 heads of a 128-wide one: vLLM's CPU
+    attention kernels take head sizes of 32 and up)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2MoeConfig
 
     tokenizer = tiny_tokenizer()
     common = {
         "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        "hidden_size": 64 if head_dim == 16 else 128,
+        "intermediate_size": 128 if head_dim == 16 else 256,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
+        "num_attention_heads": 4 if head_dim == 16 else 2,
+        "num_key_value_heads": 2 if head_dim == 16 else 1,
+        "max_position_embeddings": 512 if head_dim == 16 else 4096,
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "tie_word_embeddings": False,

@@ -26,9 +26,9 @@ def evaluate(name: str, policy: Any, tasks: list[TaskRecord], samples_per_task: 
              max_workers: int = 16) -> tuple[BenchReport, list[Rollout]]:
     """Every task `samples_per_task` times, `max_workers` episodes at once; the report and the rollouts.
 
-    A policy with seeded episode streams (`HFPolicy.episode`) samples sample j of task t from the
+    A policy with seeded episode streams (`HFEngine.episode`) samples sample j of task t from the
     streams named "t/j", so the eval repeats under the policy's seed, and two checkpoints evaluated
-    with the same seed are compared on common random numbers (see `carl.policy.streams`)."""
+    with the same seed are compared on common random numbers (see `carl.engine.streams`)."""
     groups = collect_groups(episode_policies(policy, tasks), tasks, samples_per_task, limits,
                             tools, sandbox, max_workers=max_workers)
     rollouts = [r for g in groups for r in g]

@@ -160,10 +160,10 @@ def _policy(args, run=None):
         path = path / "model"
     if not (path / "config.json").is_file():
         raise UserError(f"--checkpoint: {args.checkpoint!r} holds no model (expected config.json in it or in model/)")
-    from carl.policy.hf import HFPolicy, HFPolicyConfig
+    from carl.engine.hf import HFEngine, HFEngineConfig
 
     if run is None:
-        return HFPolicy(HFPolicyConfig(path=str(path), temperature=args.temperature, seed=args.seed))
+        return HFEngine(HFEngineConfig(path=str(path), temperature=args.temperature, seed=args.seed))
     from carl.train.loop import sampler_config
 
-    return HFPolicy(sampler_config(run, path, args.temperature, seed=args.seed))
+    return HFEngine(sampler_config(run, path, args.temperature, seed=args.seed))

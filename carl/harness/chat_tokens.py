@@ -98,6 +98,10 @@ class TokenContext:
         if gen.routing is not None:  # one span per generation: where its tokens start in the context
             seg.routing = seg.routing or {"spans": []}
             seg.routing["spans"].append({"start": len(seg.token_ids_T), "length": len(ids), "data": gen.routing})
+        start = len(seg.token_ids_T)
+        for version, n in gen.versions:
+            seg.versions.append([start, n, version])
+            start += n
         seg.token_ids_T += ids
         seg.logprobs_T += [float(x) for x in gen.logprobs]
         seg.generated_mask_T += [True] * len(ids)

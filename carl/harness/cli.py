@@ -94,7 +94,7 @@ def parse_policy(spec: str, temperature: float = 0.0, seed: int | None = None) -
             raise UserError(f"--policy: got {spec!r}, expected openai:URL#MODEL with the model name after '#'")
         if not url.startswith(("http://", "https://")):
             raise UserError(f"--policy: got URL {url!r}, expected http://... or https://... (e.g. http://127.0.0.1:8000/v1)")
-        from carl.policy.openai_client import OpenAIChatPolicy
+        from carl.engine.openai_client import OpenAIChatPolicy
 
         return OpenAIChatPolicy(url, model, temperature=temperature, seed=seed)
     raise UserError(f"--policy: unknown scheme {scheme!r} in {spec!r}; expected {POLICY_SCHEMES}")

@@ -1,7 +1,7 @@
 """What drives an agent: two small protocols, and deterministic scripted policies for tests and demos.
 
 - `ChatPolicy`: messages in, assistant text out. Any OpenAI-compatible endpoint
-  (`carl.policy.openai_client.OpenAIChatPolicy`) and `ScriptedChatPolicy` implement it.
+  (`carl.engine.openai_client.OpenAIChatPolicy`) and `ScriptedChatPolicy` implement it.
   Trajectories of chat policies carry messages only (no token ids).
 - `TokenPolicy`: token ids in, sampled token ids and their log-probs out, plus the `tokenizer`
   whose chat template frames the conversation. The trainer's models implement it; the harness
@@ -46,6 +46,10 @@ class Generation:
     routing: Any = None
     """MoE router replay: the policy's compact record of top-k expert ids per sampled token
     and layer (opaque to the harness, stored per generation in `Segment.routing`)."""
+    versions: tuple[tuple[int, int], ...] = ()
+    """Which weights version sampled which tokens, as (version, number of tokens) runs in order
+    (summing to len(token_ids)); several runs when a weight update landed mid-generation (an
+    engine that keeps requests running across updates). Empty: the policy has no versions."""
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
 """Optional shaping: an LLM judge scores the style of a passing diff against a fixed rubric.
 
     final diff + problem statement --prompt--> chat model (any OpenAI-compatible endpoint,
-    e.g. carl.policy.openai_client.OpenAIChatPolicy) --JSON {criterion: 1..5}--> score in [0, 1]
+    e.g. carl.engine.openai_client.OpenAIChatPolicy) --JSON {criterion: 1..5}--> score in [0, 1]
     shaped = reward * (1 - weight + weight * score)
 
 Style only ever reorders *correct* solutions: a failing diff keeps reward 0 whatever the judge

@@ -5,7 +5,7 @@ Legend: B = sequences in the batch, T = tokens per (right-padded) sequence, V = 
 Convention: `logprobs_B_T[b, t]` = log p(token t | tokens < t) for t >= 1, and 0 at t = 0 (the
 first token has no context). That lines up with `Segment.logprobs_T` / `generated_mask_T`, so
 a segment's recorded rollout log-probs and the trainer's recomputed ones index the same tokens.
-The temperature must be the one the rollout sampled at (see carl.policy.batching).
+The temperature must be the one the rollout sampled at (see carl.engine.batching).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from carl.systems.delta_sync import CorruptVersionError, DeltaDecoder
+from carl.systems.delta_sync import CorruptVersionError, DeltaDecoder, read_header
 from carl.systems.weight_transport import DirectoryTransport, MissingVersionError
 
 log = logging.getLogger(__name__)
@@ -39,30 +39,94 @@ def published_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+class VersionFollower:
+    """A decoded copy of the published weights that follows a transport to a target version.
+
+    Used by every receiver: `Subscriber` (a live HF model polling a directory), the in-process
+    reference engine and the vLLM worker extension (`carl.engine`). Going forward it replays the
+    deltas after its version; when one is missing or corrupt, or when asked for an older version
+    (a trainer resumed from an earlier checkpoint), it starts again from the newest usable
+    snapshot at or below the target and replays from there.
+    """
+
+    def __init__(self, transport: DirectoryTransport, device: str = "cpu") -> None:
+        self.transport = transport
+        self.decoder = DeltaDecoder(device)
+        self.last_error: Exception | None = None  # the latest missing/corrupt version seen
+
+    @property
+    def version(self) -> int | None:
+        return self.decoder.version
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.decoder.state
+
+    def advance(self, target: int) -> set[str]:
+        """Move towards `target`; returns the names of the tensors whose bits changed (every
+        tensor after a snapshot). It stops at the last verified version when `target` cannot be
+        reached (`version != target` afterwards; `last_error` says why)."""
+        changed: set[str] = set()
+        if self.version == target:
+            return changed
+        forward = self.version is not None and self.version < target
+        if forward and self._replay(target, changed):
+            return changed
+        for snapshot in reversed(self.transport.snapshots()):
+            if snapshot > target or (forward and snapshot <= self.version):
+                continue
+            try:
+                self.decoder.apply(self.transport.fetch(snapshot))
+            except (MissingVersionError, CorruptVersionError) as err:
+                self.last_error = err
+                log.warning("delta sync: snapshot %d unusable (%s)", snapshot, err)
+                continue
+            changed.update(self.decoder.state)
+            self._replay(target, changed)
+            break
+        return changed
+
+    def _replay(self, target: int, changed: set[str]) -> bool:
+        """Apply the versions after the current one up to `target`; False at the first bad one."""
+        for version in range(self.version + 1, target + 1):
+            try:
+                blob = self.transport.fetch(version)
+                self.decoder.apply(blob)
+            except (MissingVersionError, CorruptVersionError) as err:
+                self.last_error = err
+                log.warning("delta sync: version %d unusable (%s); staying at %s", version, err, self.version)
+                return False
+            changed.update(e.name for e in read_header(blob).tensors if e.encoding != "same")
+        return True
+
+
 class Subscriber:
+    """A live Hugging Face model kept at the newest version its transport offers."""
+
     def __init__(self, model: torch.nn.Module, transport: DirectoryTransport) -> None:
         self.model = model
         self.transport = transport
-        self.decoder = DeltaDecoder("cpu")
-        self.last_error: Exception | None = None  # the latest missing/corrupt version seen
+        self.follower = VersionFollower(transport)
         self._params = dict(model.named_parameters())
 
     @property
     def version(self) -> int | None:
         """The version now in the model (None before the first one arrives)."""
-        return self.decoder.version
+        return self.follower.version
+
+    @property
+    def last_error(self) -> Exception | None:
+        return self.follower.last_error
 
     def poll(self) -> bool:
         """Catch up to the transport's newest version; True when the model's weights changed."""
         latest = self.transport.latest()
         if latest is None or (self.version is not None and latest <= self.version):
             return False
-        start = self.version
-        if self.version is None or not self._replay(latest):
-            self._restart_from_snapshot(latest)
-        if self.version == start:
+        changed = self.follower.advance(latest)
+        if not changed:
             return False
-        self._load_into_model()
+        load_into(self.model, self.follower.state, changed, self._params)
         return True
 
     def run(self, until_version: int, poll_interval_s: float = 0.2, timeout_s: float | None = None) -> None:
@@ -79,43 +143,20 @@ class Subscriber:
                 )
             time.sleep(poll_interval_s)
 
-    def _replay(self, latest: int) -> bool:
-        """Apply versions after the current one up to `latest`; False at the first bad one."""
-        for version in range(self.version + 1, latest + 1):
-            try:
-                self.decoder.apply(self.transport.fetch(version))
-            except (MissingVersionError, CorruptVersionError) as err:
-                self.last_error = err
-                log.warning("delta sync: version %d unusable (%s); staying at %s", version, err, self.version)
-                return False
-        return True
 
-    def _restart_from_snapshot(self, latest: int) -> None:
-        for snapshot in reversed(self.transport.snapshots()):
-            if snapshot > latest or (self.version is not None and snapshot <= self.version):
-                continue
-            try:
-                self.decoder.apply(self.transport.fetch(snapshot))
-            except (MissingVersionError, CorruptVersionError) as err:
-                self.last_error = err
-                log.warning("delta sync: snapshot %d unusable (%s)", snapshot, err)
-                continue
-            self._replay(latest)
-            return
-
-    def _load_into_model(self) -> None:
-        state = self.decoder.state
-        if state.keys() != self._params.keys():
-            missing, extra = (
-                sorted(self._params.keys() - state.keys()),
-                sorted(state.keys() - self._params.keys()),
-            )
-            raise ValueError(
-                f"published weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}"
-            )
-        with torch.no_grad():
-            for name, tensor in state.items():
-                self._params[name].data.copy_(tensor)
+def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], names: set[str],
+              params: dict[str, torch.nn.Parameter] | None = None) -> None:
+    """Copy the tensors `names` of a decoded `state` into the model's parameters of those names
+    (cast to the parameter's dtype); ValueError when the published names differ from the model's."""
+    params = dict(model.named_parameters()) if params is None else params
+    if state.keys() != params.keys():
+        missing, extra = sorted(params.keys() - state.keys()), sorted(state.keys() - params.keys())
+        raise ValueError(
+            f"published weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
+    with torch.no_grad():
+        for name in names:
+            params[name].data.copy_(state[name])
 
 
 def main() -> None:

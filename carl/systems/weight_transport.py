@@ -58,6 +58,8 @@ class DirectoryTransport:
         header = read_header(blob)
         kind = "snapshot" if header.is_snapshot else "delta"
         atomic_write_bytes(self.root / f"{header.version:010d}.{kind}", blob)
+        if header.is_snapshot:  # a version sent again as a snapshot (recovery): `fetch` must not
+            (self.root / f"{header.version:010d}.delta").unlink(missing_ok=True)  # find the old delta
         atomic_write_bytes(self.root / "LATEST", f"{header.version}\n".encode())
         self._prune(header.version)
         return header.version

@@ -2,7 +2,7 @@
 
 The template names the deleted definitions with their signatures and docstrings (read from the
 original source) and the failing tests. It never shows a deleted body. `model_statement` asks an
-OpenAI-compatible model to rewrite it as a user would (optional; needs carl.policy.openai_client).
+OpenAI-compatible model to rewrite it as a user would (optional; needs carl.engine.openai_client).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def template_statement(
 
 def model_statement(template: str, policy, max_new_tokens: int = 1024) -> str:
     """Rewrite the template as an issue a user would file. `policy` is a chat policy such as
-    carl.policy.openai_client.OpenAIChatPolicy (`.chat(messages, max_new_tokens) -> str`)."""
+    carl.engine.openai_client.OpenAIChatPolicy (`.chat(messages, max_new_tokens) -> str`)."""
     from carl.types import Message
 
     prompt = (

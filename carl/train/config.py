@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from carl.engine.config import EngineConfig
 from carl.harness.agent import EpisodeLimits
 from carl.rl.grpo import GRPOConfig
 from carl.sandbox.base import SandboxConfig
@@ -261,6 +262,7 @@ class TrainConfig:
     run_dir: str = "runs/default"
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     micro: MicroConfig = field(default_factory=MicroConfig)
     tasks: str = ""
     """A tasks.jsonl to train on instead of the micro world: the warm start's expert solves these,

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from carl.policy.hf import load_model
+from carl.engine.hf import load_model
 from carl.rl.logprobs import sequence_logprobs
 
 

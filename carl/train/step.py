@@ -29,6 +29,7 @@ from carl.rl.advantages import group_advantages
 from carl.rl.grpo import grpo_loss
 from carl.rl.kl import kl_to_reference_loss
 from carl.rl.logprobs import pad_right, sequence_logprobs
+from carl.rl.mismatch import add_sums, mismatch_metrics, mismatch_sums
 from carl.rl.self_distill import (
     TeacherContext,
     build_teacher_context,
@@ -77,6 +78,7 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     num_sd_tokens = sum(len(t.teacher_positions) for s in seqs for t in s.teachers)
     device = next(model.parameters()).device  # batches are built on the CPU, then moved
     totals = {"loss/grpo": 0.0, "loss/kl": 0.0, "loss/self_distill": 0.0}
+    mismatch: dict[str, float] = {}  # trainer vs rollout log-probs (carl.rl.mismatch)
     for micro in micro_batches(seqs, cfg.micro_batch_tokens):
         ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
         mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
@@ -88,6 +90,7 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
             out = sequence_logprobs(model, ids_B_T, attn_B_T, temperature=temperature, return_logits=need_logits,
                                     score_mask_B_T=mask_B_T)
         logprobs_B_T, scored_logits = out if need_logits else (out, None)
+        mismatch = add_sums(mismatch, mismatch_sums(logprobs_B_T, rollout_B_T, mask_B_T))
 
         loss, m = grpo_loss(logprobs_B_T, logprobs_B_T.detach(), advantages_B, grpo_mask_B_T,
                             cfg.clip_eps_low, cfg.clip_eps_high, cfg.is_ratio_cap,
@@ -136,6 +139,7 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     metrics["loss/total"] = sum(totals.values())
     metrics["rl/grad_norm"] = float(grad_norm)
     metrics["sd/num_turns"] = float(sum(len(s.teachers) for s in seqs))
+    metrics.update(mismatch_metrics(mismatch))
     return _finish(metrics)
 
 

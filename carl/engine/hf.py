@@ -1,15 +1,16 @@
-"""A token-level policy over any Hugging Face causal LM (dense or MoE) loaded from a local path.
+"""The in-process reference engine: any Hugging Face causal LM (dense or MoE) from a local path.
 
-`HFPolicy` implements the harness's `TokenPolicy` protocol (`generate(prompt_ids,
-max_new_tokens, stop_ids) -> Generation` plus `.tokenizer`), so trajectories are token-exact:
-the harness builds the context ids, the policy returns the ids it sampled and their log-probs.
-Concurrent `generate` calls from episode threads are grouped into padded batches by
-`carl.policy.batching` (continuous batching; see its docstring for log-prob and seeding
-semantics).
+`HFEngine` implements the engine protocol (`carl.engine.base`): token ids in, sampled ids and
+their log-probs out, so trajectories are token-exact. Concurrent `generate` calls from episode
+threads are grouped into padded batches by `carl.engine.batching` (continuous batching; see its
+docstring for log-prob and seeding semantics). It is the exact reference the vLLM engine is
+checked against, and the engine of tests and tiny models; it is slower under agent load
+(`benchmarks/engine.py`).
 
-The trainer sends new weights with `update_weights(state_dict)`; the update stops new requests
-from starting, waits for the live ones to finish (generations never mix two weight versions),
-loads the weights and bumps `policy_version`.
+Weights arrive by version from the trainer's weight store (`update_weights(version)`, the same
+lossless delta path as the vLLM engine) or directly (`load_state_dict`); an update stops new
+requests from starting, waits for the live ones to finish (generations never mix two weight
+versions), loads the weights and sets `policy_version`.
 
 Not covered: prompts longer than the model's context window are the caller's problem (the harness keeps
 contexts within budget through self-summarisation).
@@ -20,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,25 +30,22 @@ from typing import Any, Literal
 
 import torch
 
+from carl.engine.base import EngineError, EngineStats, SamplingParams, WeightSyncError
+from carl.engine.batching import Request, RequestBatcher, RoutingRecorder, SamplerStats, decode_loop
+from carl.engine.prefix_cache import PrefixCache
+from carl.engine.streams import EpisodeStream
 from carl.errors import UserError
 from carl.harness.policies import Generation
-from carl.policy.batching import (
-    Request,
-    RequestBatcher,
-    RoutingRecorder,
-    SamplerStats,
-    SamplingParams,
-    decode_loop,
-)
-from carl.policy.prefix_cache import PrefixCache
-from carl.policy.streams import EpisodeStream
+from carl.systems.delta_sync import bits
 from carl.systems.heap import HeapTrimmer
+from carl.systems.subscriber import VersionFollower, load_into
+from carl.systems.weight_transport import DirectoryTransport
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
-class HFPolicyConfig:
+class HFEngineConfig:
     path: str
     """Local folder of a Hugging Face causal LM (config.json, weights, tokenizer)."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
@@ -72,7 +72,7 @@ class HFPolicyConfig:
     architecture took 44 ms with "eager", padded or not, against 94-131 ms with "sdpa" and a padding
     mask (benchmarks/sampler.py measures the whole rollout phase)."""
     prefix_cache_tokens: int | None = None
-    """Cached positions kept for prefix reuse across turns (`carl.policy.prefix_cache`); 0 turns
+    """Cached positions kept for prefix reuse across turns (`carl.engine.prefix_cache`); 0 turns
     reuse off; None (auto) = 65536 on CPU and off elsewhere. Measured with benchmarks/trainer.py
     part (c), 8 episodes x 4 turns of 128 sampled + 96 observation tokens after 1024-token
     prompts, random SmolLM2-135M weights, bf16: on an H100 reuse ran at 0.98x of full prefill
@@ -119,10 +119,14 @@ class HFPolicyConfig:
         return None if self.device == "cpu" and self.dtype == "float32" else "eager"
 
 
-class HFPolicy:
-    """Batched, seeded sampling from a local HF causal LM; thread-safe `generate`."""
+class HFEngine:
+    """Batched, seeded sampling from a local HF causal LM in this process; thread-safe `generate`.
 
-    def __init__(self, config: HFPolicyConfig, routing_recorder: RoutingRecorder | None = None):
+    `weights_dir`: the trainer's weight store (`carl.engine.weights.WeightStore`), read by
+    `update_weights(version)`; without one, only `load_state_dict` changes the weights."""
+
+    def __init__(self, config: HFEngineConfig, routing_recorder: RoutingRecorder | None = None,
+                 weights_dir: str | Path | None = None):
         self.config = config
         self.tokenizer, self.model = load_model(config.path, DTYPES[config.dtype], config.device,
                                                 config.resolved_attn_implementation())
@@ -130,9 +134,11 @@ class HFPolicy:
         self.num_forwards = 0  # model forwards (prefills and decode steps) so far
         self.num_requests = 0
         self.max_live_rows = 0  # the most requests decoded together in one batch so far
-        self.stats = SamplerStats()  # the batcher's time since the last take_stats()
+        self.sampler_stats = SamplerStats()  # the batcher's time since the last take_stats()
+        self.stats = EngineStats()  # what the callers saw (the same measure as every engine's)
         self.routing_recorder = routing_recorder
-        self._sampling = SamplingParams(config.temperature, config.top_p)
+        self.default_sampling = SamplingParams(config.temperature, config.top_p)
+        self.follower = VersionFollower(DirectoryTransport(weights_dir)) if weights_dir is not None else None
         self.prefix_cache = PrefixCache(0 if routing_recorder is not None else config.resolved_prefix_cache_tokens())
         self.heap = HeapTrimmer(config.heap_trim_s)
         self._request_ids = itertools.count()
@@ -142,11 +148,12 @@ class HFPolicy:
         self._batcher = RequestBatcher(self._run, config.batch_wait_s)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
-                 seed: int | None = None) -> Generation:
+                 seed: int | None = None, sampling: SamplingParams | None = None) -> Generation:
         """Sample up to `max_new_tokens` ids after `prompt_ids`, stopping after any id in `stop_ids`.
 
-        `seed` seeds this request's generator; by default it comes from the policy's seed, its weights
-        version and the request's arrival number (`episode` gives seeds that do not depend on arrival)."""
+        `seed` seeds this request's generator; by default it comes from the engine's seed, its weights
+        version and the request's arrival number (`episode` gives seeds that do not depend on arrival).
+        `sampling` defaults to `default_sampling` (see `sampling()`)."""
         if not prompt_ids:
             raise ValueError("prompt_ids: expected at least one token, got an empty prompt")
         if max_new_tokens < 1:
@@ -158,50 +165,71 @@ class HFPolicy:
             # replays the random streams that the requests of version 0 used
             seed = (self.config.seed * 1_000_003 + self.policy_version) * 1_000_033 + request_id
         generator.manual_seed(seed)
-        request = Request(request_id, list(prompt_ids), max_new_tokens, frozenset(stop_ids), generator)
-        return self._batcher.submit(request)
+        request = Request(request_id, list(prompt_ids), max_new_tokens, frozenset(stop_ids), generator,
+                          sampling or self.default_sampling)
+        with self.stats.request(len(prompt_ids)) as generated:
+            gen = self._batcher.submit(request)
+            generated.append(len(gen.token_ids))
+        return gen
 
     def episode(self, key: str) -> EpisodeStream:
-        """A view of this policy for one episode whose turns sample from streams named by (seed, `key`,
-        turn), not by arrival order (`carl.policy.streams`)."""
+        """A view of this engine for one episode whose turns sample from streams named by (seed, `key`,
+        turn), not by arrival order (`carl.engine.streams`)."""
         return EpisodeStream(self, self.config.seed, key)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
-        """Load new weights (cast to the inference dtype) between batches; returns the new version.
+    def update_weights(self, version: int) -> dict[str, Any]:
+        """Load `version` from the weight store between batches (see `Engine.update_weights`)."""
+        if self.follower is None:
+            raise WeightSyncError("update_weights: this engine has no weights_dir to read versions from")
+        t0 = time.perf_counter()
+        changed = self.follower.advance(version)
+        if self.follower.version != version:
+            raise WeightSyncError(f"weights version {version} cannot be loaded (engine stays at "
+                                  f"{self.follower.version}): {self.follower.last_error}")
+        t1 = time.perf_counter()
+        state = self.follower.state
+        with self._between_generations():
+            if changed:
+                load_into(self.model, state, changed)
+                self.prefix_cache.clear()  # states computed with the old weights
+            self.policy_version = version
+        t2 = time.perf_counter()
+        return {"crc32": tensor_crcs(state, changed), "decode_s": t1 - t0, "load_s": t2 - t1,
+                "crc_s": time.perf_counter() - t2, "tensors_changed": len(changed)}
 
-        `version` sets `policy_version` explicitly (the trainer's step); by default it is bumped by one.
-        """
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        """Load a state dict directly (tests, benchmarks); returns the new version (by default +1)."""
         with self._between_generations():
             self.model.load_state_dict(dict(state_dict), strict=True)
             self.prefix_cache.clear()  # states computed with the old weights
             self.policy_version = self.policy_version + 1 if version is None else version
             return self.policy_version
 
-    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Same as `update_weights(state_dict)`: the name torch users reach for."""
-        return self.update_weights(state_dict)
-
     @contextlib.contextmanager
     def sampling(self, temperature: float, top_p: float | None = None):
-        """Sample at another temperature (and top-p) inside the block, e.g. for evaluation."""
-        if temperature < 0:
-            raise ValueError(f"temperature: got {temperature}, expected >= 0")
-        with self._between_generations():  # not while a generation is running
-            previous, self._sampling = (
-                self._sampling,
-                SamplingParams(temperature, self._sampling.top_p if top_p is None else top_p),
-            )
+        """Requests without their own parameters sample at another temperature (and top-p) inside
+        the block, e.g. for evaluation; requests already submitted keep theirs."""
+        previous = self.default_sampling
+        self.default_sampling = SamplingParams(temperature, previous.top_p if top_p is None else top_p)
         try:
             yield self
         finally:
-            with self._between_generations():
-                self._sampling = previous
+            self.default_sampling = previous
 
     def take_stats(self) -> SamplerStats:
         """The sampler's time split (prefill, decode, merge) since the last call, and start afresh."""
         with self._between_generations():
-            stats, self.stats = self.stats, SamplerStats()
+            stats, self.sampler_stats = self.sampler_stats, SamplerStats()
         return stats
+
+    def take_metrics(self) -> dict[str, float]:
+        """`engine/*` metrics since the last call (as every engine's) and the batcher's `sampler/*`."""
+        engine = self.stats.take()
+        return engine | self.take_stats().metrics(engine["engine/wall_s"])
+
+    def health(self) -> None:
+        if self._batcher.closed:
+            raise EngineError("the engine was closed")
 
     def close(self) -> None:
         """Stop the batcher thread (pending calls finish first)."""
@@ -224,6 +252,8 @@ class HFPolicy:
         def admit_counted(n: int) -> list[Request]:
             nonlocal live
             requests = admit(n)
+            for r in requests:
+                r.version = self.policy_version
             self.num_requests += len(requests)
             live += len(requests)
             self.max_live_rows = max(self.max_live_rows, live)
@@ -240,12 +270,16 @@ class HFPolicy:
                 self.model,
                 admit_counted,
                 deliver_counted,
-                self._sampling,
                 self.config.max_batch_size,
                 self.routing_recorder,
                 self.prefix_cache,
-                self.stats,
+                self.sampler_stats,
             )
+
+
+def tensor_crcs(state: Mapping[str, torch.Tensor], names: set[str]) -> dict[str, int]:
+    """CRC-32 of the bits of each tensor in `names` (the engine side of a weight sync's check)."""
+    return {name: zlib.crc32(bits(state[name]).cpu().numpy()) for name in sorted(names)}
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu",

@@ -6,12 +6,12 @@ random numbers whenever it runs, beside whichever other episodes, under whicheve
 
 - the same seed repeats an eval (up to last-bit differences from batch padding), and
 - two checkpoints scored with one seed share their random numbers (common random numbers): the
-  local sampler picks tokens by inverse CDF (`carl.policy.batching.sample_tokens`), so the two
+  local sampler picks tokens by inverse CDF (`carl.engine.batching.sample_tokens`), so the two
   write the same tokens until their distributions differ around the shared uniform number, their
   episodes stay identical where the checkpoints agree, and the difference of their pass rates is
   less noisy than that of two independent evals.
 
-`EpisodeStream` is that view of a token policy whose `generate` takes a `seed` (`HFPolicy`),
+`EpisodeStream` is that view of a token policy whose `generate` takes a `seed` (`HFEngine`),
 `EpisodeChat` of a chat policy whose `chat` does (`OpenAIChatPolicy`: the request's `seed` field,
 which vLLM, SGLang and llama.cpp's server honour; hosted APIs treat it as best effort).
 `carl.eval.bench.evaluate` asks a policy for `episode(key)` with key "task id/sample index".

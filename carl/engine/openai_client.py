@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from carl.policy.streams import EpisodeChat
+from carl.engine.streams import EpisodeChat
 from carl.types import Message
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -88,7 +88,7 @@ class OpenAIChatPolicy:
 
     def episode(self, key: str) -> OpenAIChatPolicy | EpisodeChat:
         """One episode's view whose requests carry seeds named by (seed, `key`, turn)
-        (`carl.policy.streams`); this policy itself when it has no seed."""
+        (`carl.engine.streams`); this policy itself when it has no seed."""
         return self if self.seed is None else EpisodeChat(self, self.seed, key)
 
     def _post(self, body: dict[str, Any]) -> Any:

@@ -24,12 +24,12 @@ so one generation never mixes two weight versions.
 Shapes: B = live rows, S = cached positions (left-padded), L = prompt length, T = tokens fed
 in one forward, V = vocabulary.
 
-Log-probs: each sampled id comes with log softmax(logits / temperature) at that id, over the
-full vocabulary, i.e. *after* temperature and *before* top-p truncation. That is the quantity
-the trainer recomputes (`carl.rl.logprobs.sequence_logprobs` with the same temperature), so the
-importance ratio compares like with like; with top_p = 1 (the RL default) it is exactly the
-log-prob of the distribution sampled from. Temperature 0 means greedy decoding, reported at
-temperature 1.
+Log-probs: each sampled id comes with the log-prob of the distribution it was drawn from:
+log softmax(logits / temperature), truncated to the top-p nucleus and renormalised when
+top_p < 1 (vLLM's `processed_logprobs`, so both engines report the same quantity). With top_p = 1
+(the RL default) that is exactly what the trainer recomputes (`carl.rl.logprobs.sequence_logprobs`
+at the same temperature). Temperature 0 means greedy decoding, reported at temperature 1.
+Sampling parameters are per request (`Request.sampling`): rows of one batch may differ.
 
 Randomness: every request carries its own `torch.Generator` (seeded by the policy from its seed
 and the request's arrival number), so a request's samples do not depend on which other requests
@@ -49,8 +49,9 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from carl.engine.base import SamplingParams
 from carl.harness.policies import Generation
-from carl.policy.prefix_cache import KV, PrefixCache
+from carl.engine.prefix_cache import KV, PrefixCache
 
 
 class RoutingRecorder(Protocol):
@@ -78,18 +79,14 @@ class Request:
     max_new_tokens: int
     stop_ids: frozenset[int]
     generator: torch.Generator
+    sampling: SamplingParams
+    version: int = 0  # the weights version that decodes it (the loop holds the weights still)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "length"
     done: threading.Event = field(default_factory=threading.Event)
     result: Generation | None = None
     error: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float  # 0 = greedy
-    top_p: float  # nucleus sampling mass in (0, 1]
 
 
 @dataclass
@@ -137,7 +134,6 @@ def decode_loop(
     model: Any,
     admit: Callable[[int], list[Request]],
     deliver: Callable[[Request], None],
-    sampling: SamplingParams,
     max_rows: int,
     recorder: RoutingRecorder | None = None,
     prefix_cache: PrefixCache | None = None,
@@ -161,13 +157,13 @@ def decode_loop(
                 return num_forwards
             if batch is not None:
                 t0, rows = time.perf_counter(), len(batch.rows)
-                batch = decode_step(model, batch, sampling, deliver, recorder, prefix_cache)
+                batch = decode_step(model, batch, deliver, recorder, prefix_cache)
                 stats.decode_s += time.perf_counter() - t0
                 stats.decode_steps, stats.decode_rows = stats.decode_steps + 1, stats.decode_rows + rows
                 num_forwards += 1
             for request in new:
                 t0, reused = time.perf_counter(), prefix_cache.reused_tokens
-                fresh = prefill(model, request, sampling, deliver, recorder, prefix_cache)
+                fresh = prefill(model, request, deliver, recorder, prefix_cache)
                 t1 = time.perf_counter()
                 batch = merge(batch, fresh)
                 stats.prefill_s, stats.merge_s = stats.prefill_s + t1 - t0, stats.merge_s + time.perf_counter() - t1
@@ -179,7 +175,6 @@ def decode_loop(
 def prefill(
     model: Any,
     request: Request,
-    sampling: SamplingParams,
     deliver: Callable[[Request], None],
     recorder: RoutingRecorder | None,
     prefix_cache: PrefixCache,
@@ -206,13 +201,12 @@ def prefill(
         raise RuntimeError("the model did not fill the KV cache: carl needs transformers >= 5.24")
     prefix_cache.store(request.prompt_ids, _row_kv(cache, 0, L))
     batch = LiveBatch([request], cache, attn_1_L, pos_1_T[:, -1], pos_1_T[:, -1] + 1)
-    return _sample_and_retire(batch, logits_1_V, sampling, deliver, recorder, prefix_cache)
+    return _sample_and_retire(batch, logits_1_V, deliver, recorder, prefix_cache)
 
 
 def decode_step(
     model: Any,
     batch: LiveBatch,
-    sampling: SamplingParams,
     deliver: Callable[[Request], None],
     recorder: RoutingRecorder | None,
     prefix_cache: PrefixCache,
@@ -223,7 +217,7 @@ def decode_step(
         model, batch.rows, batch.next_B[:, None], batch.attn_B_S, batch.pos_B[:, None], batch.cache, recorder
     )
     batch.pos_B = batch.pos_B + 1
-    return _sample_and_retire(batch, logits_B_V, sampling, deliver, recorder, prefix_cache)
+    return _sample_and_retire(batch, logits_B_V, deliver, recorder, prefix_cache)
 
 
 def _forward(model, rows, ids_B_T, attn_B_S, pos_B_T, cache, recorder) -> torch.Tensor:
@@ -244,14 +238,13 @@ def _forward(model, rows, ids_B_T, attn_B_S, pos_B_T, cache, recorder) -> torch.
 def _sample_and_retire(
     batch: LiveBatch,
     logits_B_V: torch.Tensor,
-    sampling: SamplingParams,
     deliver: Callable[[Request], None],
     recorder: RoutingRecorder | None,
     prefix_cache: PrefixCache,
 ) -> LiveBatch | None:
     """Sample one id per row; deliver the rows that finished (storing their cache rows for the
     next turn) and drop them from the batch."""
-    next_B, logprob_B = sample_tokens(logits_B_V, [r.generator for r in batch.rows], sampling)
+    next_B, logprob_B = sample_tokens(logits_B_V, [r.generator for r in batch.rows], [r.sampling for r in batch.rows])
     keep = []
     for j, (r, tok, lp) in enumerate(zip(batch.rows, next_B.tolist(), logprob_B.tolist(), strict=True)):
         r.token_ids.append(tok)
@@ -262,7 +255,8 @@ def _sample_and_retire(
                 fed = r.prompt_ids + r.token_ids[:-1]  # the last sampled id was never fed
                 prefix_cache.store(fed, _row_kv(batch.cache, j, len(fed)))
             routing = recorder.pop(r.request_id) if recorder is not None else None
-            r.result = Generation(r.token_ids, r.logprobs, r.finish_reason, routing)  # type: ignore[arg-type]
+            r.result = Generation(r.token_ids, r.logprobs, r.finish_reason, routing,  # type: ignore[arg-type]
+                                  versions=((r.version, len(r.token_ids)),))
             deliver(r)
         else:
             keep.append(j)
@@ -316,31 +310,40 @@ def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits_B_V: torch.Tensor, generators: Sequence[torch.Generator], sampling: SamplingParams
+    logits_B_V: torch.Tensor, generators: Sequence[torch.Generator], sampling_B: Sequence[SamplingParams]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sampled id per row (row i uses generators[i]) and its log-prob (see module docstring)."""
+    """One sampled id per row (row i uses generators[i] and sampling_B[i]) and its log-prob (see
+    module docstring). Greedy rows (temperature 0) draw nothing from their generator."""
     logits_B_V = logits_B_V.float()
-    if sampling.temperature == 0:
+    greedy_B = torch.tensor([p.temperature == 0 for p in sampling_B], device=logits_B_V.device)
+    temp_B = torch.tensor([p.temperature or 1.0 for p in sampling_B], device=logits_B_V.device)
+    logprobs_B_V = torch.log_softmax(logits_B_V / temp_B[:, None], dim=-1)
+    top_p_B = torch.tensor([p.top_p for p in sampling_B], device=logits_B_V.device)
+    if bool((top_p_B < 1).any()):
+        probs_B_V = top_p_filter(logprobs_B_V.exp(), top_p_B[:, None])
+        logprobs_B_V = torch.log(probs_B_V / probs_B_V.sum(-1, keepdim=True))  # the distribution drawn from
+    if bool(greedy_B.all()):
         next_B = logits_B_V.argmax(-1)
-        logprobs_B_V = torch.log_softmax(logits_B_V, dim=-1)
         return next_B, logprobs_B_V.gather(-1, next_B[:, None])[:, 0]
-    logprobs_B_V = torch.log_softmax(logits_B_V / sampling.temperature, dim=-1)
-    probs_B_V = logprobs_B_V.exp()
-    if sampling.top_p < 1.0:
-        probs_B_V = top_p_filter(probs_B_V, sampling.top_p)
     # inverse-CDF sampling: one uniform draw per row from the row's own generator, then one batched
     # search (per-row torch.multinomial calls cost ~1 ms a row on CPU over SmolLM2's 49k vocabulary)
-    u_B = torch.stack([torch.rand((), generator=g, device=g.device, dtype=torch.float64) for g in generators])
-    cdf_B_V = probs_B_V.double().cumsum(-1)
+    u_B = torch.stack([
+        torch.zeros((), dtype=torch.float64, device=g.device) if p.temperature == 0
+        else torch.rand((), generator=g, device=g.device, dtype=torch.float64)
+        for g, p in zip(generators, sampling_B, strict=True)
+    ])
+    cdf_B_V = logprobs_B_V.exp().double().cumsum(-1)
     # side="right": the first id whose cumulative mass exceeds the draw, so a zero-probability id
     # (a flat step of the cdf) is never picked, not even for a draw of exactly 0
     next_B = torch.searchsorted(cdf_B_V, (u_B.to(cdf_B_V.device) * cdf_B_V[:, -1])[:, None], right=True)[:, 0]
-    next_B = next_B.clamp_max(probs_B_V.shape[-1] - 1)  # a draw at the very top after rounding
+    next_B = next_B.clamp_max(logits_B_V.shape[-1] - 1)  # a draw at the very top after rounding
+    next_B = torch.where(greedy_B, logits_B_V.argmax(-1), next_B)
     return next_B, logprobs_B_V.gather(-1, next_B[:, None])[:, 0]
 
 
-def top_p_filter(probs_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero every token outside the smallest set whose mass reaches `top_p` (the top token stays)."""
+def top_p_filter(probs_B_V: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """Zero every token outside the smallest set whose mass reaches `top_p` (the top token stays);
+    `top_p` is one value or a [B, 1] column of per-row values."""
     sorted_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
     mass_before_B_V = sorted_B_V.cumsum(-1) - sorted_B_V  # mass of strictly more likely tokens
     sorted_B_V = sorted_B_V.masked_fill(mass_before_B_V >= top_p, 0.0)
@@ -368,9 +371,9 @@ class RequestBatcher:
         """Queue `request`, block until it has been decoded, return its Generation (or raise)."""
         with self._lock:  # put under the lock: nothing may follow close()'s sentinel
             if self._closed:
-                raise RuntimeError("the policy was closed")
+                raise RuntimeError("the engine was closed")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="carl-policy-batcher", daemon=True)
+                self._thread = threading.Thread(target=self._loop, name="carl-engine-batcher", daemon=True)
                 self._thread.start()
             self._queue.put(request)
         request.done.wait()
@@ -378,6 +381,10 @@ class RequestBatcher:
             raise request.error
         assert request.result is not None
         return request.result
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         """Stop the thread after the queued requests are done."""

@@ -1,0 +1,64 @@
+"""`carl engine setup` (build vLLM's environment) and `carl engine serve` (a vLLM server for carl)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("engine", help="inference engines: build vLLM's environment, serve a model for carl")
+    esub = p.add_subparsers(dest="engine_command", metavar="SUBCOMMAND", required=True)
+
+    s = esub.add_parser("setup", help="create (once) and check vLLM's own virtual environment")
+    s.set_defaults(func=_setup)
+
+    v = esub.add_parser(
+        "serve",
+        help="run a vLLM server with carl's worker extension (for engine.url=...); Ctrl-C stops it",
+        description="Serve MODEL with vLLM the way carl needs it (token-in/token-out generation, "
+        "weight updates from a carl weights directory, seeded sampling). The endpoints are "
+        "unauthenticated: keep --host on a private network.",
+    )
+    v.add_argument("--model", required=True, help="local Hugging Face model folder")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8011)
+    v.add_argument("--max-model-len", type=int, default=4096)
+    v.add_argument("--kv-cache-gb", type=int, default=2, help="CPU: GiB of KV cache")
+    v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    v.add_argument("--compile", action="store_true", help="let vLLM compile (slower start, faster decode)")
+    v.add_argument("--log", default="vllm.log", help="where the server's output goes")
+    v.set_defaults(func=_serve)
+
+
+def _setup(args) -> int:
+    from carl.engine.vllm_env import vllm_python
+
+    print(f"vLLM environment: {vllm_python().parent.parent}")
+    return 0
+
+
+def _serve(args) -> int:
+    from pathlib import Path
+
+    from carl.engine.vllm_server import ServerSpec, VLLMServer
+    from carl.errors import UserError
+
+    if not (Path(args.model) / "config.json").is_file():
+        raise UserError(f"--model: {args.model!r} is not a Hugging Face model folder (no config.json)")
+    for name in ("port", "max_model_len", "kv_cache_gb"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')}: got {getattr(args, name)}, expected a positive number")
+    spec = ServerSpec(model=args.model, host=args.host, port=args.port, max_model_len=args.max_model_len,
+                      kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
+                      enforce_eager=not args.compile)
+    server = VLLMServer(spec, args.log, max_restarts=0)
+    server.start()
+    print(f"serving {args.model} at {server.url} for carl (engine.url={server.url}); Ctrl-C stops it")
+    try:
+        while server.alive():
+            time.sleep(1.0)
+        print(f"the vLLM server exited; last lines of {args.log}:\n{server.tail()}")
+        return 1
+    finally:
+        server.stop()

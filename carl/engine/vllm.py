@@ -1,0 +1,207 @@
+"""The vLLM engine: token ids to a vLLM server and back, weights by lossless delta.
+
+    episode threads --generate(ids)--> POST /inference/v1/generate {token_ids, sampling_params}
+                                       <-- sampled ids, their log-probs, weight_versions spans
+    trainer --update_weights(v)------> POST /pause?mode=keep            (running requests freeze)
+                                       POST /collective_rpc carl_load_version(weights dir, v)
+                                            (carl.engine.vllm_worker: follow the dir, reload, CRC-32)
+                                       POST /reset_prefix_cache?reset_running_requests=true
+                                            (no KV state of the old weights survives)
+                                       POST /update_weight_version v; POST /resume
+
+Prompts go as token ids and the trajectory records the ids the server sampled, never re-tokenized
+text. A request that was running across an update continues with the new weights (its KV
+recomputed); the response's `weight_versions` says which version sampled which of its tokens, and
+`Generation.versions` carries that to the trajectory.
+
+A server carl started (`carl.engine.vllm_server`) that dies is started again (at most
+`engine.max_restarts` times), brought back to the current weights version from the weight
+store's newest snapshot, and the failed requests are sent again. A server the user runs
+(`engine.url`, started with `carl engine serve`) is never restarted by carl.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from carl.engine.base import DefaultSampling, EngineError, EngineStats, SamplingParams, WeightSyncError
+from carl.engine.config import EngineConfig
+from carl.engine.streams import EpisodeStream
+from carl.engine.vllm_server import ServerSpec, VLLMServer
+from carl.harness.policies import Generation
+
+
+class VLLMEngine(DefaultSampling):
+    def __init__(self, model_path: str | Path, weights_dir: str | Path, config: EngineConfig, log_dir: str | Path,
+                 max_model_len: int, seed: int = 0, sampling: SamplingParams = SamplingParams(),
+                 dtype: str = "bfloat16", log=print):
+        from transformers import AutoTokenizer
+
+        super().__init__(sampling)
+        self.config = config
+        self.seed = seed
+        self.weights_dir = str(Path(weights_dir).resolve())
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.policy_version = 0
+        self._loaded: int | None = None  # the weights version the server holds (None: the model folder's)
+        self.stats = EngineStats()
+        self._sync_lock = threading.Lock()  # one weight update (or restart) at a time
+        self.client = httpx.Client(timeout=httpx.Timeout(config.request_timeout_s, connect=10.0),
+                                   limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+        self.server: VLLMServer | None = None
+        self._url = config.url.rstrip("/")
+        if not config.url:
+            spec = ServerSpec(model=str(model_path), dtype=dtype, max_model_len=max_model_len, port=config.port,
+                              enforce_eager=config.enforce_eager, kv_cache_gb=config.kv_cache_gb,
+                              gpu_memory_utilization=config.gpu_memory_utilization,
+                              cpu_threads=config.cpu_threads, seed=seed)
+            self.server = VLLMServer(spec, Path(log_dir) / "vllm.log", config.start_timeout_s,
+                                     config.max_restarts, log)
+            self.server.start()
+        self._check_extension()
+
+    @property
+    def url(self) -> str:
+        return self.server.url if self.server is not None else self._url  # a restart may change the port
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
+                 seed: int | None = None, sampling: SamplingParams | None = None) -> Generation:
+        if not prompt_ids:
+            raise ValueError("prompt_ids: expected at least one token, got an empty prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: got {max_new_tokens}, expected >= 1")
+        sampling = sampling or self.default_sampling
+        params: dict[str, Any] = {"max_tokens": max_new_tokens, "temperature": sampling.temperature,
+                                  "top_p": sampling.top_p, "stop_token_ids": list(stop_ids), "logprobs": 0,
+                                  "detokenize": False, "skip_special_tokens": False}
+        if seed is not None:
+            params["seed"] = seed
+        body = {"token_ids": list(prompt_ids), "sampling_params": params, "output_mode": "tokens"}
+        with self.stats.request(len(prompt_ids)) as generated:
+            data = self._post_retrying("/inference/v1/generate", body)
+            gen = parse_generation(data, self.policy_version)
+            generated.append(len(gen.token_ids))
+        return gen
+
+    def episode(self, key: str) -> EpisodeStream:
+        return EpisodeStream(self, self.seed, key)
+
+    def take_metrics(self) -> dict[str, float]:
+        """`engine/*` metrics since the last call (carl.engine.base.EngineStats)."""
+        return self.stats.take()
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, version: int) -> dict[str, Any]:
+        with self._sync_lock:
+            return self._load(version)
+
+    def _load(self, version: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self._post("/pause", None, params={"mode": "keep"})
+        try:
+            reply = self._rpc("carl_load_version", self.weights_dir, str(version))
+            if "error" in reply:
+                raise WeightSyncError(f"the vLLM engine could not load weights version {version}: {reply['error']}")
+            if not self._post("/reset_prefix_cache", None, params={"reset_running_requests": "true"}).get("success"):
+                raise EngineError("the vLLM engine did not reset its prefix cache after a weight update")
+            self._post("/update_weight_version", {"new_version": str(version)})
+        finally:
+            self._post("/resume", None)
+        self._loaded = self.policy_version = version
+        reply["rpc_s"] = time.perf_counter() - t0
+        return reply
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def health(self) -> None:
+        try:
+            r = self.client.get(self.url + "/health", timeout=10.0)
+        except httpx.TransportError as e:
+            raise EngineError(f"the vLLM engine at {self.url} does not answer: {e}") from None
+        if r.status_code != 200:
+            raise EngineError(f"the vLLM engine at {self.url} is unhealthy (HTTP {r.status_code})")
+
+    def close(self) -> None:
+        self.client.close()
+        if self.server is not None:
+            self.server.stop()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _check_extension(self) -> None:
+        try:
+            ok = self._rpc("carl_ping") == "carl"
+        except EngineError as e:
+            raise EngineError(f"the vLLM server at {self.url} has no carl worker extension ({e}); start it "
+                              "with `carl engine serve`, which adds it and the endpoints carl needs") from None
+        if not ok:
+            raise EngineError(f"the vLLM server at {self.url} answers carl_ping wrongly; start it with `carl engine serve`")
+
+    def _rpc(self, method: str, *args: str) -> Any:
+        data = self._post("/collective_rpc", {"method": method, "args": list(args)})
+        results = data.get("results") if isinstance(data, dict) else None
+        if not results:
+            raise EngineError(f"/collective_rpc {method}: no result ({str(data)[:200]})")
+        return results[0]  # one worker (tensor parallel 1); each worker loads its own shard alike
+
+    def _post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+        try:
+            r = self.client.post(self.url + path, json=body, params=params)
+        except httpx.TransportError as e:
+            raise EngineError(f"{self.url}{path}: {type(e).__name__}: {e}") from None
+        if r.status_code != 200:
+            raise EngineError(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:500]}")
+        return r.json() if r.content else {}
+
+    def _post_retrying(self, path: str, body: Any) -> Any:
+        """`_post`, and once more after restarting a managed server that died under it."""
+        try:
+            return self._post(path, body)
+        except EngineError as e:
+            if self.server is None or self.server.alive():
+                raise
+            with self._sync_lock:
+                if not self.server.alive():
+                    self.server.restart(str(e))
+                    self._check_extension()
+                    if self._loaded is not None:  # back to the trainer's version, from the store
+                        self._load(self._loaded)
+            return self._post(path, body)
+
+
+def parse_generation(data: Any, default_version: int) -> Generation:
+    """A Generation from /inference/v1/generate's JSON (output_mode "tokens", logprobs 0)."""
+    try:
+        choice = data["choices"][0]
+        ids = [int(t) for t in choice["token_ids"]]
+        logprobs = [float(x["logprob"]) for x in choice["logprobs"]["content"]]
+        if choice.get("finish_reason") not in ("stop", "length"):
+            raise EngineError(f"the vLLM engine ended a generation with {choice.get('finish_reason')!r}")
+        finish = choice["finish_reason"]
+        spans = choice.get("weight_versions") or []
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise EngineError(f"the vLLM engine answered something that is not a token generation ({e}): "
+                          f"{str(data)[:300]}") from None
+    if len(logprobs) != len(ids):
+        raise EngineError(f"the vLLM engine returned {len(ids)} token ids but {len(logprobs)} log-probs")
+    versions = tuple((_version(s["version"], default_version), int(s["end"]) - int(s["start"])) for s in spans)
+    if sum(n for _, n in versions) != len(ids):
+        versions = ((default_version, len(ids)),)
+    return Generation(ids, logprobs, finish, versions=versions)
+
+
+def _version(label: Any, default: int) -> int:
+    """The int of a weight-version label; vLLM's label before carl set one ("default") is `default`."""
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        return default
