@@ -141,7 +141,7 @@ def test_an_eval_under_one_seed_gives_the_same_outcomes_twice(setup, tmp_path):
 def test_a_weight_update_lands_while_requests_run_and_their_versions_say_so(setup):
     engine, reference, store, tokenizer, trainer = setup
     opt = torch.optim.AdamW(trainer.parameters(), lr=3e-3)
-    p, eos = _prompt(tokenizer), [tokenizer.eos_token_id]
+    p = _prompt(tokenizer)
     version = engine.policy_version + 1
     _train_step(trainer, opt, p)
     published = store.publish(trainer, version)
