@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -46,18 +47,25 @@ from carl.engine.hf import HFEngine, HFEngineConfig  # noqa: E402
 BARE = r"""
 import json, sys, time
 from vllm import LLM, SamplingParams, TokensPrompt
-spec = json.load(open(sys.argv[1]))
-llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"], enforce_eager=True,
-          enable_chunked_prefill=False, max_num_batched_tokens=spec["max_model_len"], seed=0)
-turns = spec["turns"]  # [[(prompt ids, n tokens), ...] per turn index]
-llm.generate([TokensPrompt(prompt_token_ids=turns[0][0][0][:16])], SamplingParams(max_tokens=2))  # warm-up
-t0, tokens = time.perf_counter(), 0
-for reqs in turns:
-    params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=1.0, seed=i) for i, (_, n) in enumerate(reqs)]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in reqs], params, use_tqdm=False)
-    tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-wall = time.perf_counter() - t0
-print(json.dumps({"wall_s": wall, "generated_tokens": tokens, "tokens_per_s": tokens / wall}))
+
+
+def main():
+  spec = json.load(open(sys.argv[1]))
+  llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"], enforce_eager=True,
+            enable_chunked_prefill=False, max_num_batched_tokens=spec["max_model_len"], seed=0)
+  turns = spec["turns"]  # [[(prompt ids, n tokens), ...] per turn index]
+  llm.generate([TokensPrompt(prompt_token_ids=turns[0][0][0][:16])], SamplingParams(max_tokens=2))  # warm-up
+  t0, tokens = time.perf_counter(), 0
+  for reqs in turns:
+      params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=1.0, seed=i) for i, (_, n) in enumerate(reqs)]
+      outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in reqs], params, use_tqdm=False)
+      tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+  wall = time.perf_counter() - t0
+  print(json.dumps({"wall_s": wall, "generated_tokens": tokens, "tokens_per_s": tokens / wall}))
+
+
+if __name__ == "__main__":  # vLLM's engine process is spawned: it re-imports this file
+  main()
 """
 
 
@@ -109,6 +117,8 @@ def main() -> None:
             result["start_s"] = start_s
             engine.close()
             out[name] = result
+            print(f"{name}: {result['tokens_per_s']:.1f} generated tok/s, turn latency p50 "
+                  f"{result['turn_latency_p50_s']:.2f} s (start {start_s:.0f} s)", flush=True)
             if name == "vllm":
                 out["vllm_requests"] = requests
         if "vllm" in engines and not args.no_bare:
@@ -162,12 +172,16 @@ def agent_load(engine, vocab: int, args: argparse.Namespace) -> tuple[dict, list
 def bare_vllm(path: Path, args, requests, max_len: int, tmp: Path) -> dict:
     from carl.engine.vllm_env import vllm_python
 
-    spec = tmp / "bare.json"
+    spec, script = tmp / "bare.json", tmp / "bare_vllm.py"
     spec.write_text(json.dumps({"model": str(path), "dtype": args.dtype, "max_model_len": max_len, "turns": requests}))
-    res = subprocess.run([str(vllm_python()), "-c", BARE, str(spec)], capture_output=True, text=True, timeout=3600)
+    script.write_text(BARE)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(EngineConfig().kv_cache_gb)}
+    res = subprocess.run([str(vllm_python()), str(script), str(spec)], capture_output=True, text=True, timeout=3600,
+                         env=env)
     if res.returncode != 0:
-        raise SystemExit(f"bare vLLM failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+        errors = [line for line in res.stderr.splitlines() if "Error" in line]
+        return {"error": (errors or res.stderr.splitlines() or ["no output"])[-1]}
+    return json.loads(next(line for line in res.stdout.splitlines() if line.startswith('{"wall_s"')))
 
 
 def tiny_model(folder: Path) -> Path:
@@ -186,6 +200,8 @@ def report(out: dict, engines: list[str]) -> None:
         r = out[name]
         print(f"{name:<10} {r['tokens_per_s']:>8.1f} {r['wall_s']:>8.1f} {r['turn_latency_p50_s']:>7.2f} "
               f"{r['turn_latency_p90_s']:>7.2f} {r['busy_frac']:>6.0%} {r['start_s']:>8.1f}")
+    if "error" in out.get("bare_vllm", {}):
+        print(f"bare vllm failed: {out.pop('bare_vllm')['error']}")
     if "bare_vllm" in out:
         b = out["bare_vllm"]
         print(f"{'bare vllm':<10} {b['tokens_per_s']:>8.1f} {b['wall_s']:>8.1f}   (turn-synchronous batches, "

@@ -32,29 +32,30 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import time
 import tomllib
 from pathlib import Path
 
-from carl.io import atomic_write_jsonl, read_jsonl
+from carl.errors import UserError
+from carl.train.checkpoint import load_state, save_state
+from carl.train.state import branch_run, extend_run
 
 ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
-    "grpo": ["rl.sd_weight=0", "rl.tool_error_cost=0"],
-    "grpo+errcost": ["rl.sd_weight=0", "rl.tool_error_cost=0.1"],
-    "grpo+errcost+finish": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.require_finish=true"],
-    "grpo+kl": ["rl.sd_weight=0", "rl.tool_error_cost=0", "rl.kl_coef=0.1"],
-    "grpo+errcost+kl": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0"],
-    "grpo+errcost+kl+12steps": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12"],
+    "grpo": ["rl.sd_weight=0", "shaping.tool_error_cost=0"],
+    "grpo+errcost": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1"],
+    "grpo+errcost+finish": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.require_finish=true"],
+    "grpo+kl": ["rl.sd_weight=0", "shaping.tool_error_cost=0", "rl.kl_coef=0.1"],
+    "grpo+errcost+kl": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0"],
+    "grpo+errcost+kl+12steps": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12"],
     # a branch that sets micro.rl_repos trains on its own, larger RL set (same warm start and held-out tasks)
-    "grpo+errcost+kl+12steps+16rlrepos": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0",
+    "grpo+errcost+kl+12steps+16rlrepos": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0",
                                           "rl.steps=12", "micro.rl_repos=16"],
     # the RL set covers the world's templates: 24 repos (~70 tasks), G=8 x 4 tasks a step, so 12 steps visit
     # ~48 tasks once each (the 4-task fit in docs/training.md learned each task's answer, not the mapping)
-    "grpo+errcost+kl+cover24": ["rl.sd_weight=0", "rl.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12",
+    "grpo+errcost+kl+cover24": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12",
                                 "micro.rl_repos=24", "rollout.group_size=8", "rollout.tasks_per_step=4"],
-    "grpo+sd": ["rl.sd_weight=0.5", "rl.tool_error_cost=0"],
+    "grpo+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0"],
 }
 
 
@@ -153,26 +154,14 @@ def run_seeds_apart(args: argparse.Namespace) -> list[int]:
 
 
 def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list[str]:
-    """Start `run_dir` at `first`'s warm-start checkpoint, on `first`'s task files; returns the overrides.
+    """Start `run_dir` at `first`'s warm-start checkpoint, on `first`'s task files; returns the overrides
+    (`carl train --branch-from`'s steps, carl.train.state.branch_run).
 
     With `rl_repos`, the branch trains on its own RL set of that many micro repos of `first`'s world
     instead (built under <run_dir>/micro; the warm-start and held-out tasks stay `first`'s)."""
-    src = first / "checkpoints" / "step_000000"
-    if not (first / "report.json").exists() or not src.exists():
+    if not (first / "report.json").exists() or not (first / "checkpoints" / "step_000000").exists():
         raise SystemExit(f"{first} has no finished run with a warm-start checkpoint to branch from")
-    ckpts = run_dir / "checkpoints"
-    if not (ckpts / "latest").exists():
-        ckpts.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(src, ckpts / "step_000000", dirs_exist_ok=True)
-        reopen_rl(ckpts / "step_000000")
-        (ckpts / "latest").write_text("step_000000\n")
-        if (first / "metrics.jsonl").exists():  # the warm start's rows, which step 0's checkpoint counts
-            warm_rows = [r for r in read_jsonl(first / "metrics.jsonl") if r["step"] <= 0]
-            atomic_write_jsonl(run_dir / "metrics.jsonl", warm_rows)
-        warm_eval = first / "eval" / "step000000.json"  # the warm start's eval, for task_changes
-        if warm_eval.exists():  # runs made before per-task eval reports have none: no task counts then
-            (run_dir / "eval").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(warm_eval, run_dir / "eval" / "step000000.json")
+    branch_run(first, 0, run_dir)
     files = task_files(first)
     if rl_repos is not None:
         files["rl_tasks"] = build_rl_set(first, run_dir, rl_repos)
@@ -182,59 +171,22 @@ def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list
 def reopen_rl(ckpt: Path) -> None:
     """Make a copied step-0 checkpoint start RL when loaded: a first run made with `rl.steps=0` ended by
     saving step 0 again as done (with its "after RL" eval), which a branch would load and skip RL."""
-    import torch
-
-    blob = torch.load(ckpt / "trainer.pt", weights_only=False)
-    state = blob["trainer_state"]
-    if state["phase"] != "done":
+    state = load_state(ckpt)
+    if state.phase != "done":
         return
-    if state["rl_step"] != 0:
-        raise SystemExit(f"{ckpt}: step 0 of a run that ran {state['rl_step']} RL steps, not a warm start")
-    _reopen(state)
-    _save_trainer(blob, ckpt)
+    if state.rl_step != 0:
+        raise SystemExit(f"{ckpt}: step 0 of a run that ran {state.rl_step} RL steps, not a warm start")
+    state.reopen_rl()
+    save_state(ckpt, state)
 
 
 def continue_rl(run_dir: Path, steps: int) -> int | None:
-    """Reopen a finished run so that `carl train` on it runs RL on to `steps` (its new `rl.steps`), also
-    when `rl.max_wall_s` stopped it (a resume would go straight to the eval); returns the RL step it
-    continues from, or None when it already ran `steps` (nothing changes). The run's report and its
-    after-RL eval (eval file, metrics row) are dropped, to be made again after the new steps: copy the
-    run directory first to keep them."""
-    import torch
-
-    ckpts = run_dir / "checkpoints"
-    if not (run_dir / "report.json").exists() or not (ckpts / "latest").exists():
-        raise SystemExit(f"{run_dir} has no finished run to continue")
-    last = ckpts / (ckpts / "latest").read_text().strip()
-    blob = torch.load(last / "trainer.pt", weights_only=False)
-    state, step = blob["trainer_state"], blob["trainer_state"]["rl_step"]
-    if state["phase"] != "done" or step == 0:
-        raise SystemExit(f"{last}: phase {state['phase']!r} after {step} RL steps; expected a finished RL run")
-    if step >= steps:
-        return None
-    _reopen(state)
-    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl")
-            if not (r["step"] == step and all(k == "step" or k.startswith("eval/") for k in r))]
-    state["metrics_rows"] = len(rows)  # the resume keeps these rows and logs the new steps after them
-    atomic_write_jsonl(run_dir / "metrics.jsonl", rows)
-    (run_dir / "eval" / f"step{step:06d}.json").unlink(missing_ok=True)
-    _save_trainer(blob, last)
-    (run_dir / "report.json").unlink()  # last: until here, the run still reads as finished
-    return step
-
-
-def _reopen(state: dict) -> None:
-    """A checkpoint's trainer state saved as done, made to (re)enter RL: no after-RL report, clock reset."""
-    state["phase"] = "rl"
-    state["reports"].pop("rl", None)
-    state.pop("rl_out_of_time", None)
-
-
-def _save_trainer(blob: dict, ckpt: Path) -> None:
-    import torch
-
-    torch.save(blob, ckpt / "trainer.pt.tmp")
-    (ckpt / "trainer.pt.tmp").replace(ckpt / "trainer.pt")
+    """`carl train --extend`: reopen a finished run so that `carl train` on it runs RL on to `steps`
+    (carl.train.state.extend_run); SystemExit instead of its UserError, as this script's errors."""
+    try:
+        return extend_run(run_dir, steps)
+    except UserError as e:
+        raise SystemExit(str(e)) from None
 
 
 def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/reward_gold.py --tasks /work/devtasks/tasks.jsonl [--limit 20]
 
 For each task, two episodes through the production path (`run_episode` with the default tools,
-then `reward_from_trajectory` with the task's sandbox config, as `carl.train.rollout` does):
+then `reward_from_trajectory` with the task's sandbox config, as `carl.rollout.rollout` does):
 
     gold:   agent sandbox from the broken repo; one scripted reply writes every file the gold
             patch touches (its content copied from the original tree, the simplest honest agent)

@@ -54,7 +54,7 @@ from carl.tasks import TaskRecord
 from carl.train.config import RLConfig
 from carl.train.loop import set_trainable
 from carl.train.reference import FullReference, SharedTrunkReference, load_reference
-from carl.train.rollout import Rollout
+from carl.rollout.rollout import Rollout
 from carl.train.step import micro_batches, rl_step
 from carl.types import Segment, Trajectory
 

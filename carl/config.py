@@ -11,6 +11,7 @@ field). This module only knows how to build a (nested) dataclass from a dict, ap
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import math
 import tomllib
 import types
@@ -41,11 +42,23 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         )
     kwargs = {}
     for name, value in data.items():
+        f = fields[name]
+        if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()  # a parent's own defaults for a nested config (e.g. the run's
+            if dataclasses.is_dataclass(default):  # episode limits) stay where a table sets other fields
+                value = _deep_merge(dataclasses.asdict(default), value)
         kwargs[name] = _coerce(hints[name], value, f"{prefix}.{name}" if prefix else name)
     try:
         return cls(**kwargs)
     except TypeError as e:  # a required field is missing
         raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
@@ -150,7 +163,29 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
     data = apply_overrides(data, list(overrides or []))
-    return from_dict(cls, data)
+    return from_dict(cls, move_renamed(data, getattr(cls, "RENAMED", {})))
+
+
+def move_renamed(data: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """Move values from keys a config class renamed (`RENAMED`: old dotted key -> new one) to their
+    new place, with a warning; both set is an error."""
+    for old, new in renamed.items():
+        *old_path, old_key = old.split(".")
+        node = data
+        for k in old_path:
+            node = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old_key not in node:
+            continue
+        value = node.pop(old_key)
+        *new_path, new_key = new.split(".")
+        target = data
+        for k in new_path:
+            target = target.setdefault(k, {})
+        if new_key in target:
+            raise ConfigError(f"{old}: renamed to {new}, and both are set; keep {new}")
+        target[new_key] = value
+        warnings.warn(f"config key {old} is now {new}", stacklevel=2)
+    return data
 
 
 def to_toml(cfg: Any) -> str:

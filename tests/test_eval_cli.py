@@ -133,7 +133,7 @@ def test_eval_fails_when_no_sample_could_be_scored_and_says_why(micro_tasks, che
     def broken(*args, **kwargs):
         raise SandboxError("bwrap: setting up uid map: Permission denied")
 
-    monkeypatch.setattr("carl.train.rollout.open_sandbox", broken)
+    monkeypatch.setattr("carl.rollout.rollout.open_sandbox", broken)
     out = tmp_path / "report.json"
     code = main(["eval", "--checkpoint", str(checkpoint), "--tasks", str(micro_tasks), "--sandbox", "local",
                  "--samples", "2", "--out", str(out)])

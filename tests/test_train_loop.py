@@ -43,7 +43,7 @@ def _cfg(tmp_path, one_task, *extra):
 
 def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path, one_task):
     torch.set_num_threads(1)
-    cfg = _cfg(tmp_path, one_task, "rl.kl_coef=0.1", "rl.tool_error_cost=0.1")  # the reference loads from step 0
+    cfg = _cfg(tmp_path, one_task, "rl.kl_coef=0.1", "shaping.tool_error_cost=0.1")  # the reference loads from step 0
     summary = train(cfg, Console(quiet=True))
     assert set(summary) == {"warm_start", "rl"}
     assert summary["rl"]["num_tasks"] == 1 and summary["rl"]["k"] == 1
@@ -147,3 +147,67 @@ def test_rl_max_wall_s_stops_after_the_step_that_runs_past_it_then_evaluates_and
 def test_bad_concurrency_or_wall_budget_is_a_config_error_naming_the_field(override, field):
     with pytest.raises(ValueError, match=field):  # the CLI prints it as one "config error" line
         load_config(TrainConfig, None, [override])
+
+
+def test_async_rl_with_staleness_1_trains_within_the_bound_and_logs_it(tmp_path, one_task):
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.max_staleness=1", "rollout.max_extra_batches=0")
+    train(cfg, Console(quiet=True))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if "rl/reward_mean" in r]
+    assert [r["step"] for r in rl] == [1, 2, 3]
+    for r in rl:
+        assert 0.0 <= r["staleness/token_mean"] <= r["staleness/token_max"] <= 1.0
+        assert r["rl/groups_dropped"] == 0.0 and 0.0 <= r["time/trainer_idle_frac"] <= 1.0
+        assert "mismatch/abs_diff_mean" in r and r["sync/bytes"] > 0 and r["sync/snapshot"] in (0.0, 1.0)
+
+
+def test_sigkill_of_the_trainer_mid_rl_resumes_to_one_row_per_step(tmp_path, one_task):
+    """`kill -9` of `carl train` after its first RL checkpoint: a rerun resumes there, and the metrics
+    series has each step once (the killed step's half-written rows are dropped)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.max_staleness=1")
+    from carl.config import save_config
+
+    save_config(cfg, tmp_path / "cfg.toml")
+    cmd = [sys.executable, "-m", "carl.cli", "train", str(tmp_path / "cfg.toml")]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (latest.exists() and latest.read_text().strip() == "step_000001"):
+        assert proc.poll() is None, "carl train ended before its first RL checkpoint"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3]
+    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 3]
+
+
+def test_branch_from_and_extend_are_train_options(tmp_path, one_task, capsys):
+    from carl.cli import main
+    from carl.config import save_config
+
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, one_task)
+    train(cfg, Console(quiet=True))
+    first = tmp_path / "run"
+    save_config(cfg, tmp_path / "cfg.toml")
+    branch = tmp_path / "branch"
+    args = ["train", str(tmp_path / "cfg.toml"), f"run_dir={branch}", "rl.lr=5e-5", "--branch-from", f"{first}:0"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
+    assert not any("loss/sft" in r for r in rows[len([r for r in rows if r["step"] <= 0]):])  # no new warm start
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]
+    assert (branch / "eval" / "step000000.json").read_bytes() == (first / "eval" / "step000000.json").read_bytes()
+    assert main(["train", str(branch / "config.toml"), "rl.steps=2", "--extend"]) == 0
+    rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2]
+    assert main(["train", str(branch / "config.toml"), "--branch-from", str(branch)]) == 2  # its own run_dir
+    assert "own run_dir" in capsys.readouterr().err

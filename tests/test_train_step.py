@@ -186,7 +186,7 @@ def test_expert_episodes_take_one_task_of_each_repo_in_turn():
 
 
 def test_a_group_has_signal_only_when_its_valid_rewards_differ():
-    from carl.train.rollout import has_signal
+    from carl.rollout.rollout import has_signal
 
     assert has_signal(_group([1.0, 0.0, 0.0]))
     assert not has_signal(_group([0.0, 0.0, 0.0])) and not has_signal(_group([1.0, 1.0]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from carl.harness.chat_tokens import TokenContext
 from carl.harness.policies import ScriptedTokenPolicy
 from carl.tasks import TaskRecord
-from carl.train.rollout import Rollout
+from carl.rollout.rollout import Rollout
 from carl.types import Message, Segment, ToolCall, ToolError, ToolResult, Trajectory, Turn
 
 TASK = TaskRecord(instance_id="fake__0-function-stub-0", repo="fake")

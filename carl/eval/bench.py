@@ -18,7 +18,7 @@ from carl.harness.agent import EpisodeLimits
 from carl.harness.tools.base import Tool
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
-from carl.train.rollout import Rollout, collect_groups, infra_error
+from carl.rollout.rollout import Rollout, collect_groups, infra_error
 
 
 def evaluate(name: str, policy: Any, tasks: list[TaskRecord], samples_per_task: int,

@@ -4,7 +4,7 @@ trajectory.stop_reason is POLICY_ERROR / SANDBOX_ERROR --> infra failure (masked
 else: workspace_changes(agent sandbox) --> compute_reward (clean sandbox) + monitor
       --> reward after the monitor's action (tampering the test runner caught is a flag too)
 
-`tool_error_penalty` is the optional shaping term the trainer subtracts per failed tool call.
+Shaping the training reward from it is `carl.rewards.shaping`'s job.
 """
 
 from __future__ import annotations
@@ -18,18 +18,6 @@ from carl.rewards.monitor import Flag, MonitorConfig, MonitorReport, apply_actio
 from carl.rewards.reward import OpenSandbox, RewardConfig, RewardResult, compute_reward, infra_failure
 from carl.sandbox.base import Sandbox, SandboxError
 from carl.types import Trajectory
-
-MAX_TOOL_ERROR_PENALTY = 0.5
-"""Cap on the total tool-error penalty of one episode: a pass then scores at least 0.5 and a fail
-at most 0.0, so a passing episode always outranks a failing one, however many calls failed."""
-
-
-def tool_error_penalty(num_tool_errors: int, cost_per_error: float) -> float:
-    """cost_per_error * failed calls, capped at MAX_TOOL_ERROR_PENALTY (0 when cost is 0)."""
-    if cost_per_error < 0:
-        raise ValueError(f"cost_per_error: got {cost_per_error}, expected >= 0")
-    return min(cost_per_error * num_tool_errors, MAX_TOOL_ERROR_PENALTY)
-
 
 @dataclass(frozen=True)
 class EpisodeReward:

@@ -86,3 +86,21 @@ def load_trainer_state(ckpt: Path, optimizer, scheduler) -> tuple[int, dict[str,
         scheduler.load_state_dict(blob["scheduler"])
     set_rng_state(blob["rng"])
     return blob["step"], blob["trainer_state"]
+
+
+def load_state(ckpt: Path):
+    """The RunState a checkpoint holds (without touching the optimizer or the RNG)."""
+    from carl.train.state import RunState
+
+    blob = torch.load(Path(ckpt) / "trainer.pt", weights_only=False)
+    return RunState.from_dict(blob["trainer_state"], where=str(Path(ckpt) / "trainer.pt"))
+
+
+def save_state(ckpt: Path, state) -> None:
+    """Replace the RunState in a checkpoint's trainer.pt (atomically; the rest is kept)."""
+    path = Path(ckpt) / "trainer.pt"
+    blob = torch.load(path, weights_only=False)
+    blob["trainer_state"] = state.to_dict()
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(blob, tmp)
+    tmp.replace(path)

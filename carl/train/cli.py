@@ -11,15 +11,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Rerunning with the same run_dir resumes from the last checkpoint.")
     p.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE",
                    help="an optional TOML config file, then dotted overrides such as rl.steps=4")
+    p.add_argument("--extend", action="store_true",
+                   help="train a finished run on to a larger rl.steps (its after-RL eval is dropped and made again)")
+    p.add_argument("--branch-from", metavar="RUN_DIR[:STEP]",
+                   help="start this run (give it its own run_dir) at checkpoint STEP of another run (default 0, "
+                        "the warm start), on that run's tasks, with this command's overrides")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from carl.config import load_config
     from carl.errors import UserError
-    from carl.train.config import TrainConfig
     from carl.train.loop import train
 
     config_path = None
@@ -28,11 +31,36 @@ def run(args: argparse.Namespace) -> int:
         config_path = overrides.pop(0)
         if not Path(config_path).is_file():
             raise UserError(f"config file {config_path!r} does not exist (expected a TOML file or KEY=VALUE overrides)")
-    try:
-        cfg = load_config(TrainConfig, config_path, overrides)
-    except ValueError as e:  # a component's own validation (frozen dataclass __post_init__)
-        from carl.config import ConfigError
+    cfg = _load(config_path, overrides)
+    run_dir = Path(cfg.run_dir)
+    if args.branch_from:
+        from carl.train.state import branch_run, branch_task_files
 
-        raise ConfigError(str(e)) from None
+        source, _, step = args.branch_from.partition(":")
+        if not step.isdigit() and step:
+            raise UserError(f"--branch-from: got {args.branch_from!r}, expected RUN_DIR or RUN_DIR:STEP (a number)")
+        source_dir = Path(source)
+        if source_dir.resolve() == run_dir.resolve():
+            raise UserError(f"--branch-from: {source!r} is this run's own run_dir; give the branch its own run_dir=...")
+        given = {o.split("=", 1)[0] for o in overrides}
+        files = [f"{k}={v}" for k, v in branch_task_files(source_dir).items() if k not in given]
+        cfg = _load(config_path, files + overrides)
+        branch_run(source_dir, int(step or 0), run_dir)
+    if args.extend:
+        from carl.train.state import extend_run
+
+        at = extend_run(run_dir, cfg.rl.steps)
+        print(f"{run_dir}: already ran rl.steps={cfg.rl.steps}" if at is None
+              else f"{run_dir}: RL goes on from step {at} to {cfg.rl.steps}")
     train(cfg)
     return 0
+
+
+def _load(config_path, overrides):
+    from carl.config import ConfigError, load_config
+    from carl.train.config import TrainConfig
+
+    try:
+        return load_config(TrainConfig, config_path, overrides)
+    except ValueError as e:  # a component's own validation (frozen dataclass __post_init__)
+        raise ConfigError(str(e)) from None

@@ -7,11 +7,12 @@ Runs are TOML files (configs/*.toml) with dotted command-line overrides:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from carl.engine.config import EngineConfig
 from carl.harness.agent import EpisodeLimits
+from carl.rewards.monitor import MonitorConfig
+from carl.rewards.shaping import ShapingConfig
 from carl.rl.grpo import GRPOConfig
 from carl.sandbox.base import SandboxConfig
 
@@ -73,20 +74,6 @@ class MicroConfig:
 
 
 @dataclass(frozen=True)
-class LimitsConfig:
-    max_turns: int = 6
-    max_new_tokens: int = 128
-    """Tokens the policy may sample in one assistant turn."""
-    max_tokens: int = 6000
-    """Total tokens of an episode, all segments together."""
-    context_budget_tokens: int = 2048
-    wall_time_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        EpisodeLimits(**dataclasses.asdict(self))  # the harness owns what a valid limit is
-
-
-@dataclass(frozen=True)
 class RolloutConfig:
     group_size: int = 4
     """G: rollouts per task (4-8 on CPU, 16-128 at scale)."""
@@ -95,12 +82,28 @@ class RolloutConfig:
     """Sampling temperature of rollouts; the trainer scores log-probs at the same temperature."""
     top_p: float = 1.0
     max_staleness: int = 0
-    """Policy versions a rollout may lag behind the trainer (0 = synchronous; same code path)."""
+    """Weights versions a rollout's oldest token may lag behind the step that trains on it (0 =
+    synchronous RL; 1-2 let rollouts for the next steps run while the trainer trains; same code
+    path, carl.rollout.orchestrator). Truncated importance sampling (rl.is_ratio_cap) corrects what stays."""
     max_extra_batches: int = 2
     """Dynamic sampling (as in DAPO): when no group of a step's batch has differing rewards (no
     GRPO advantage, no success to distill), roll out up to this many more batches of the next
     tasks before training. Without it, 3 of 5 RL steps of the embedded default trained on all-0
     groups: a step's rollouts for no update (measured)."""
+    stale: str = "pace"
+    """What keeps rollouts within max_staleness: "pace" starts a group only when it will be trained
+    within max_staleness versions (none is wasted); "drop" keeps the workers busy and drops groups
+    that are too old when the trainer takes them (rl/groups_dropped counts them)."""
+    workers: str = "threads"
+    """Where episodes run: "threads" of this process (any engine), or "ray" actors (engine.kind=vllm;
+    a local Ray, or ray_address)."""
+    ray_address: str = ""
+    """A Ray cluster to join (e.g. "ray://head:10001" or "auto"); empty: start a local one."""
+    ray_actors: int = 2
+    """Rollout actors; episodes in flight are spread over them (concurrency / actors each)."""
+    ray_cpus_per_actor: float = 0.5
+    """CPUs each actor asks Ray for; fractional on small machines (actors mostly wait on the engine
+    and on test processes), or Ray queues them forever."""
     concurrency: int = 16
     """Episodes in flight at once (one thread each), in RL and in eval. The sampler batches up to
     group_size x tasks_per_step of their requests, so on a GPU raise this with the batch (at 16,
@@ -121,6 +124,14 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_extra_batches: got {self.max_extra_batches}, expected >= 0")
         if self.concurrency < 1:
             raise ValueError(f"rollout.concurrency: got {self.concurrency}, expected >= 1")
+        if self.stale not in ("pace", "drop"):
+            raise ValueError(f"rollout.stale: got {self.stale!r}, expected 'pace' or 'drop'")
+        if self.workers not in ("threads", "ray"):
+            raise ValueError(f"rollout.workers: got {self.workers!r}, expected 'threads' or 'ray'")
+        if self.ray_actors < 1:
+            raise ValueError(f"rollout.ray_actors: got {self.ray_actors}, expected >= 1")
+        if self.ray_cpus_per_actor <= 0:
+            raise ValueError(f"rollout.ray_cpus_per_actor: got {self.ray_cpus_per_actor}, expected > 0")
 
 
 @dataclass(frozen=True)
@@ -182,20 +193,6 @@ class RLConfig:
     top blocks (carl.train.reference): on SmolLM2 with 6 of 30 blocks trained, one KL step took
     35 s against 48 s with the full reference and 26 s without KL (benchmarks/trainer.py part (d),
     8 x 1024 tokens, 2-core CPU)."""
-    tool_error_cost: float = 0.1
-    """Subtracted from an RL rollout's reward per failed tool call (a call that did not parse or
-    that the tool rejected), at most 0.5 in all, so a pass still outranks any fail; 0 turns it off.
-    Without it the reward never charges for failed calls: in one run of the embedded default the
-    rollouts' tool-call error rate rose 0.06 -> 0.87 over 5 RL steps and held-out pass@1 fell
-    0.250 -> 0.111; from the same warm start with the cost, 0.250 -> 0.556. With the cost 3 of 4
-    runs improved, without it 5 of 6: not told apart on pass@1 (docs/training.md)."""
-    require_finish: bool = False
-    """Reward an RL rollout as a fail (0, less the tool-error cost) when it ends without calling
-    finish (it ran out of turns, tokens or time), even if the tests pass. Off, the reward never
-    looks at finish, and in one micro world both RL arms unlearned it within 5 steps: held-out
-    episodes that finish 0.44 -> 0.00 while their pass@1 rose. On, from the same warm start (one
-    run): 0.44 -> 0.89, but 22 of 24 failed episodes then finished early, and pass@1 went
-    0.361 -> 0.333 (docs/training.md). Eval always counts the tests alone."""
     sd_loss: str = "topk"
     """"topk": KL(student||teacher) over the student's top-k tokens + a tail bucket;
     "sampled": the sampled-token estimator (cheaper)."""
@@ -233,8 +230,6 @@ class RLConfig:
             raise ValueError(f"rl.kl_coef: got {self.kl_coef}, expected >= 0")
         if self.max_wall_s < 0:
             raise ValueError(f"rl.max_wall_s: got {self.max_wall_s}, expected >= 0 (0 = no limit)")
-        if self.tool_error_cost < 0:
-            raise ValueError(f"rl.tool_error_cost: got {self.tool_error_cost}, expected >= 0")
 
 
 @dataclass(frozen=True)
@@ -270,16 +265,36 @@ class TrainConfig:
     rl_tasks: str = ""
     """A tasks.jsonl for RL only (with `tasks`); default: RL on `tasks`."""
     eval_tasks: str = ""
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    limits: EpisodeLimits = field(default_factory=lambda: EpisodeLimits(
+        max_turns=6, max_new_tokens=128, max_tokens=6000, context_budget_tokens=2048, wall_time_s=300.0))
+    """The episode limits of RL rollouts and evals (carl.harness.agent.EpisodeLimits; the CPU
+    default keeps episodes short: 6 turns of at most 128 tokens in a 2,048-token context)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    shaping: ShapingConfig = field(default_factory=lambda: ShapingConfig(tool_error_cost=0.1))
+    """The RL reward from the test reward (carl.rewards.shaping). tool_error_cost = 0.1: without it
+    the reward never charges for failed calls: in one run of the embedded default the rollouts'
+    tool-call error rate rose 0.06 -> 0.87 over 5 RL steps and held-out pass@1 fell 0.250 ->
+    0.111; from the same warm start with the cost, 0.250 -> 0.556. With the cost 3 of 4 runs
+    improved, without it 5 of 6: not told apart on pass@1 (docs/training.md). require_finish (off):
+    in one micro world both RL arms unlearned finish within 5 steps without it (held-out episodes
+    that finish 0.44 -> 0.00 while pass@1 rose); on, from the same warm start (one run): 0.44 ->
+    0.89, but 22 of 24 failed episodes then finished early, and pass@1 went 0.361 -> 0.333.
+    Evaluation always counts the tests alone."""
+    monitor: MonitorConfig = field(default_factory=lambda: MonitorConfig(action="zero"))
+    """The reward-hacking monitor (carl.rewards.monitor). RL zeroes the reward of a flagged rollout
+    ("zero"): with "flag" a hack the monitor caught would still be rewarded as a pass and trained on.
+    Evaluation never counts a flagged rollout as passed, whatever the action."""
     tools: tuple[str, ...] = ("read_file", "edit_file", "run_tests", "finish")
     """Tools offered to the agent (names from carl.harness.tools); fewer tools, shorter prompts."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many RL steps (and after the last)."""
+
+    RENAMED = {"rl.tool_error_cost": "shaping.tool_error_cost", "rl.require_finish": "shaping.require_finish"}
+    """Keys of older run configs and where they live now (`carl.config.load_config` moves them)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,11 @@ from carl.train.checkpoint import latest_checkpoint, load_trainer_state, save_ch
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
 from carl.train.reference import load_reference
-from carl.train.rollout import collect_groups, has_signal, require_valid, rollout_metrics
+from carl.train.state import RunState
+from carl.rewards.reward import RewardConfig
+from carl.rollout.orchestrator import Orchestrator
+from carl.rollout.rollout import require_valid, rollout_metrics, run_rollout
+from carl.rollout.workers import EpisodeSpec, RayWorkers, ThreadWorkers
 from carl.train.step import rl_step
 from carl.train.warm_start import expert_rollouts, sft_epoch
 
@@ -61,7 +65,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     seed_everything(cfg.seed)
 
     task_sets = load_task_sets(cfg, run_dir, console)
-    rl_tasks, eval_tasks = task_sets["rl"], task_sets["eval"]
+    eval_tasks = task_sets["eval"]
     tools = {name: tool for name, tool in default_tools().items() if name in cfg.tools}
     limits = episode_limits(cfg)
     model_path = resolve_model_path(cfg.model.path)
@@ -71,117 +75,139 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     pad_id = pad_token_id(tokenizer)
     optimizer = torch.optim.AdamW(trainable, lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    state: dict[str, Any] = {"phase": "warm_start", "sft_epoch": 0, "rl_step": 0, "task_pos": 0, "reports": {}}
+    state = RunState()
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
         model.load_state_dict(load_model(ckpt / "model", torch.float32, cfg.model.device)[1].state_dict())
-        _, state = load_trainer_state(ckpt, optimizer, scheduler)
-        console.print(f"[bold]resumed[/] from {ckpt} (phase {state['phase']}, RL step {state['rl_step']})")
+        state = RunState.from_dict(load_trainer_state(ckpt, optimizer, scheduler)[1], where=str(ckpt))
+        console.print(f"[bold]resumed[/] from {ckpt} (phase {state.phase}, RL step {state.rl_step})")
     # rows logged after the checkpoint are of work that runs again (older checkpoints: keep all)
-    log.rewind(state.get("metrics_rows", len(log.rows())) if ckpt is not None else 0)
+    log.rewind(state.metrics_rows if ckpt is not None else 0)
 
     def checkpoint(step: int) -> None:
-        state["metrics_rows"] = len(log.rows())
-        save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, state)
+        state.metrics_rows = len(log.rows())
+        save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, state.to_dict())
 
     # ---------------------------------------------------------------- warm start
-    if state["phase"] == "warm_start":
-        if cfg.warm_start.episodes > 0:
-            data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, console, log)
-            _set_lr(optimizer, cfg.warm_start.lr)
-            while state["sft_epoch"] < cfg.warm_start.epochs:
-                rng = random.Random(cfg.seed * 1009 + state["sft_epoch"])
-                losses = sft_epoch(model, optimizer, data, pad_id, cfg.warm_start.batch_size,
-                                   cfg.rl.micro_batch_tokens, cfg.rl.grad_clip, rng, compute_dtype=compute_dtype)
-                state["sft_epoch"] += 1
-                log.log(state["sft_epoch"] - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
-                console.print(f"warm start epoch {state['sft_epoch']}/{cfg.warm_start.epochs}: "
-                              f"loss {np.mean(losses):.4f} over {len(losses)} batches")
-                checkpoint(0)
+    if state.phase == "warm_start" and cfg.warm_start.episodes > 0:
+        data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, console, log)
+        _set_lr(optimizer, cfg.warm_start.lr)
+        while state.sft_epoch < cfg.warm_start.epochs:
+            rng = random.Random(cfg.seed * 1009 + state.sft_epoch)
+            losses = sft_epoch(model, optimizer, data, pad_id, cfg.warm_start.batch_size,
+                               cfg.rl.micro_batch_tokens, cfg.rl.grad_clip, rng, compute_dtype=compute_dtype)
+            state.sft_epoch += 1
+            log.log(state.sft_epoch - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
+            console.print(f"warm start epoch {state.sft_epoch}/{cfg.warm_start.epochs}: "
+                          f"loss {np.mean(losses):.4f} over {len(losses)} batches")
+            checkpoint(0)
 
-    # ---------------------------------------------------------------- the engine, at the trainer's weights
-    if state["phase"] != "done":  # a finished run only prints its report again
+    # ---------------------------------------------------------------- the engine, then RL and evals
+    if state.phase != "done":  # a finished run only prints its report again
         policy, store = start_engine(cfg, model_path, run_dir, console)
         try:
-            sync_metrics = sync_weights(store, policy, model, state["rl_step"])
-            console.print(f"engine: {cfg.engine.kind} at weights version {state['rl_step']} "
+            sync_metrics = sync_weights(store, policy, model, state.rl_step)
+            console.print(f"engine: {cfg.engine.kind} at weights version {state.rl_step} "
                           f"({sync_metrics['sync/bytes'] / 1e6:.1f} MB, {sync_metrics['sync/apply_s']:.2f} s)")
-            if state["phase"] == "warm_start":
-                state["reports"]["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, tools,
-                                                          console, log, step=0)
-                state["phase"] = "rl"
-                _set_lr(optimizer, cfg.rl.lr)
+            if state.phase == "warm_start":
+                state.reports["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, tools, console, log, 0)
+                state.phase = "rl"
                 checkpoint(0)
-
-            # ---------------------------------------------------------------- RL
-            if state["phase"] == "rl":
+            if state.phase == "rl":
                 _set_lr(optimizer, cfg.rl.lr)
-                if state["rl_step"] == 0:  # RL starts from fresh Adam moments: the warm start's large second
+                if state.rl_step == 0:  # RL starts from fresh Adam moments: the warm start's large second
                     optimizer.state.clear()  # moments made RL steps ~0.2 x lr (measured); deterministic on resume
-                token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
-                reference = None  # the KL anchor: the weights RL started from, the same on resume
-                if cfg.rl.kl_coef > 0:
-                    start = run_dir / "checkpoints" / "step_000000" / "model"
-                    reference = load_reference(start, model, cfg.model.trainable_layers, cfg.model.device)
-                    console.print(f"KL reference: {reference.describe()}")
-                order = task_order(len(rl_tasks), cfg.seed)
-                rl_start = time.monotonic()  # rl.max_wall_s counts from here (a resumed run starts afresh)
-                while state["rl_step"] < cfg.rl.steps and not state.get("rl_out_of_time"):
-                    step, t0, pos, groups = state["rl_step"], time.monotonic(), state["task_pos"], []
-                    policy.take_metrics()  # count this step's rollouts only
-                    for extra in range(cfg.rollout.max_extra_batches + 1):  # dynamic sampling: until some group has signal
-                        batch = [rl_tasks[order[(pos + i) % len(order)]] for i in range(cfg.rollout.tasks_per_step)]
-                        groups += collect_groups(lambda t, j: policy, batch, cfg.rollout.group_size, limits, tools, cfg.sandbox,
-                                                 max_workers=cfg.rollout.concurrency, tool_error_cost=cfg.rl.tool_error_cost,
-                                                 require_finish=cfg.rl.require_finish)
-                        pos += cfg.rollout.tasks_per_step
-                        if any(has_signal(g) for g in groups):
-                            break
-                    require_valid([r for g in groups for r in g], f"RL step {step + 1}")
-                    lagging = [r for g in groups for r in g if step - r.trajectory.policy_version > cfg.rollout.max_staleness]
-                    if lagging:  # synchronous RL (staleness 0) samples every rollout of step s with version s
-                        raise RuntimeError(f"{len(lagging)} rollouts lag more than rollout.max_staleness="
-                                           f"{cfg.rollout.max_staleness} versions behind step {step}")
-                    t_rollout = time.monotonic() - t0
-                    engine_metrics = policy.take_metrics()  # how much of the rollout phase waited on the engine
-                    metrics = rl_step(model, optimizer, scheduler, groups, cfg.rl, tokenizer, pad_id, token_normalizer,
-                                      valid_tools=tuple(tools), temperature=cfg.rollout.temperature,
-                                      compute_dtype=compute_dtype, reference=reference)
-                    t_train = time.monotonic() - t0 - t_rollout
-                    metrics.update(sync_weights(store, policy, model, step + 1))
-                    state["rl_step"], state["task_pos"] = step + 1, pos
-                    metrics.update(rollout_metrics(groups))
-                    metrics["rl/batches"] = float(extra + 1)
-                    metrics.update(engine_metrics)
-                    step_s = time.monotonic() - t0
-                    metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/step_s": step_s,
-                                    "sync/frac_of_step": metrics["sync/total_s"] / step_s})
-                    log.log(step + 1, metrics)
-                    best = max((r for g in groups for r in g), key=lambda r: (r.valid, r.reward))
-                    log.transcript(step + 1, best.task.instance_id, transcript_text(best.trajectory))
-                    log.plot()
-                    console.print(f"RL step {step + 1}/{cfg.rl.steps}: reward {metrics['rl/reward_mean']:.2f} "
-                                  f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
-                                  f"loss {metrics['loss/total']:+.4f} ({metrics['time/step_s']:.0f}s)")
-                    if cfg.rl.max_wall_s and time.monotonic() - rl_start >= cfg.rl.max_wall_s and step + 1 < cfg.rl.steps:
-                        state["rl_out_of_time"] = True  # a resume goes straight to the final eval
-                        console.print(f"RL stopped after step {step + 1} of {cfg.rl.steps}: "
-                                      f"rl.max_wall_s={cfg.rl.max_wall_s:g} s reached")
-                    if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps or state.get("rl_out_of_time"):
-                        checkpoint(step + 1)
-                state["reports"]["rl"] = run_eval("after RL", policy, cfg, eval_tasks, tools, console, log,
-                                                  step=state["rl_step"])
-                state["phase"] = "done"
-                checkpoint(state["rl_step"])
-
+                rl_phase(cfg, state, task_sets["rl"], policy, store, model, optimizer, scheduler, tokenizer, pad_id,
+                         limits, tools, log, console, checkpoint, run_dir)
+                state.reports["rl"] = run_eval("after RL", policy, cfg, eval_tasks, tools, console, log,
+                                               step=state.rl_step)
+                state.phase = "done"
+                checkpoint(state.rl_step)
         finally:
             policy.close()  # never leave a vLLM server running
+
     log.plot()
-    summary = {name: r["summary"] for name, r in state["reports"].items()}
+    summary = {name: r["summary"] for name, r in state.reports.items()}
     atomic_write_json(run_dir / "report.json", summary)
     print_final_report(console, summary, run_dir)
     return summary
+
+
+def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], policy: Engine, store: WeightStore,
+             model: Any, optimizer: Any, scheduler: Any, tokenizer: Any, pad_id: int, limits: EpisodeLimits,
+             tools: dict, log: MetricsLog, console: Console, checkpoint, run_dir: Path) -> None:
+    """RL steps until rl.steps (or rl.max_wall_s), rollouts produced ahead by the orchestrator within
+    rollout.max_staleness versions (0: synchronous; see carl.rollout.orchestrator)."""
+    compute_dtype = DTYPES[cfg.model.dtype]
+    token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
+    reference = None  # the KL anchor: the weights RL started from, the same on resume
+    if cfg.rl.kl_coef > 0:
+        start = run_dir / "checkpoints" / "step_000000" / "model"
+        reference = load_reference(start, model, cfg.model.trainable_layers, cfg.model.device)
+        console.print(f"KL reference: {reference.describe()}")
+    workers = make_workers(cfg, policy, rl_tasks, limits, tools)
+    orchestrator = Orchestrator(workers.submit, len(rl_tasks), task_order(len(rl_tasks), cfg.seed),
+                                cfg.rollout.group_size, cfg.rollout.tasks_per_step, cfg.rollout.max_staleness,
+                                cfg.rollout.stale, state.task_pos, state.rl_step,
+                                max_extra_batches=cfg.rollout.max_extra_batches).start()
+    rl_start = time.monotonic()  # rl.max_wall_s counts from here (a resumed run starts afresh)
+    policy.take_metrics()
+    try:
+        while state.rl_step < cfg.rl.steps and not state.rl_out_of_time:
+            step, t0 = state.rl_step, time.monotonic()
+            taken = orchestrator.take(step)
+            groups = [g.rollouts for g in taken.groups]
+            require_valid([r for g in groups for r in g], f"RL step {step + 1}")
+            t_rollout = time.monotonic() - t0
+            metrics = rl_step(model, optimizer, scheduler, groups, cfg.rl, tokenizer, pad_id, token_normalizer,
+                              valid_tools=tuple(tools), temperature=cfg.rollout.temperature,
+                              compute_dtype=compute_dtype, reference=reference)
+            t_train = time.monotonic() - t0 - t_rollout
+            metrics.update(sync_weights(store, policy, model, step + 1))
+            orchestrator.set_version(step + 1)  # rollouts for later steps may start now
+            state.rl_step, state.task_pos = step + 1, taken.task_pos
+            step_s = time.monotonic() - t0
+            metrics.update(rollout_metrics(groups))
+            metrics.update(taken.staleness)
+            metrics.update(policy.take_metrics())  # the engine over this step's wall time
+            metrics.update({"rl/batches": float(taken.batches), "rl/groups_dropped": float(taken.dropped),
+                            "time/rollout_wait_s": taken.wait_s, "time/train_s": t_train, "time/step_s": step_s,
+                            "time/trainer_idle_frac": taken.wait_s / step_s,
+                            "sync/frac_of_step": metrics["sync/total_s"] / step_s})
+            log.log(step + 1, metrics)
+            best = max((r for g in groups for r in g), key=lambda r: (r.valid, r.reward))
+            log.transcript(step + 1, best.task.instance_id, transcript_text(best.trajectory))
+            log.plot()
+            console.print(f"RL step {step + 1}/{cfg.rl.steps}: reward {metrics['rl/reward_mean']:.2f} "
+                          f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
+                          f"loss {metrics['loss/total']:+.4f} ({step_s:.0f}s, waited {taken.wait_s:.0f}s for rollouts)")
+            if cfg.rl.max_wall_s and time.monotonic() - rl_start >= cfg.rl.max_wall_s and step + 1 < cfg.rl.steps:
+                state.rl_out_of_time = True  # a resume goes straight to the final eval
+                console.print(f"RL stopped after step {step + 1} of {cfg.rl.steps}: "
+                              f"rl.max_wall_s={cfg.rl.max_wall_s:g} s reached")
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps or state.rl_out_of_time:
+                checkpoint(step + 1)
+    finally:
+        orchestrator.stop()
+        workers.close()
+
+
+def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], limits: EpisodeLimits,
+                 tools: dict) -> ThreadWorkers | RayWorkers:
+    """Where RL episodes run: threads sharing `policy`, or Ray actors with their own engine clients."""
+    if cfg.rollout.workers == "threads":
+        return ThreadWorkers(lambda t, j: run_rollout(policy, rl_tasks[t], limits, tools, cfg.sandbox, RewardConfig(),
+                                                      cfg.monitor, cfg.shaping), cfg.rollout.concurrency)
+    from carl.config import ConfigError
+
+    if cfg.engine.kind != "vllm":
+        raise ConfigError("rollout.workers=ray: needs engine.kind=vllm (Ray actors reach the engine over HTTP)")
+    spec = EpisodeSpec(rl_tasks, limits, tuple(tools), cfg.sandbox, cfg.monitor, cfg.shaping, policy.url,
+                       str(resolve_model_path(cfg.model.path)), cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
+                       cfg.seed, policy.default_sampling)
+    per_actor = max(1, -(-cfg.rollout.concurrency // cfg.rollout.ray_actors))
+    return RayWorkers(spec, cfg.rollout.ray_actors, per_actor, cfg.rollout.ray_cpus_per_actor, cfg.rollout.ray_address)
 
 
 # ---------------------------------------------------------------- helpers
@@ -294,7 +320,7 @@ def _rate(x: float | None) -> str:
 
 
 def episode_limits(cfg: TrainConfig) -> EpisodeLimits:
-    return EpisodeLimits(**asdict(cfg.limits))
+    return cfg.limits
 
 
 def eval_limits(cfg: TrainConfig) -> EpisodeLimits:

@@ -40,7 +40,7 @@ from carl.rl.self_distill import (
 )
 from carl.train.config import RLConfig
 from carl.train.reference import FullReference
-from carl.train.rollout import Rollout
+from carl.rollout.rollout import Rollout
 
 
 @dataclass

@@ -22,7 +22,7 @@ from carl.micro.expert import ExpertMistakes, expert_token_policy
 from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
-from carl.train.rollout import Rollout, collect_groups
+from carl.rollout.rollout import Rollout, collect_groups
 from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 
 

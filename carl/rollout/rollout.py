@@ -23,7 +23,8 @@ from typing import Any
 
 from carl.harness.agent import EpisodeLimits, run_episode
 from carl.harness.tools.base import Tool
-from carl.rewards.episode import reward_from_trajectory, tool_error_penalty
+from carl.rewards.episode import reward_from_trajectory
+from carl.rewards.shaping import ShapingConfig, training_reward
 from carl.rewards.monitor import MonitorConfig
 from carl.rewards.reward import RewardConfig
 from carl.sandbox import open_sandbox
@@ -60,22 +61,20 @@ def collect_groups(
     reward: RewardConfig = RewardConfig(),
     monitor: MonitorConfig = MonitorConfig(),
     max_workers: int = 16,
-    tool_error_cost: float = 0.0,
-    require_finish: bool = False,
+    shaping: ShapingConfig = ShapingConfig(),
 ) -> list[list[Rollout]]:
     """Run `group_size` episodes of every task concurrently; returns one group per task.
 
     `policy_factory(t, j)` gives the policy of sample j of task `tasks[t]`: the shared batched token
     policy for RL, the episode streams named by (task, sample) for evaluation, or a fresh scripted
-    expert per episode for warm-start data. `tool_error_cost` is subtracted
-    from a rollout's reward per failed tool call (see `tool_error_penalty`); with `require_finish`
-    an episode that ends without a finish call is a fail, whatever its tests say.
+    expert per episode for warm-start data. `shaping` turns test rewards into training rewards
+    (`carl.rewards.shaping`).
     """
     jobs = [(t, j) for t in range(len(tasks)) for j in range(group_size)]
     with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs))) as pool:
         results = list(pool.map(
             lambda tj: run_rollout(policy_factory(*tj), tasks[tj[0]], limits, tools, sandbox, reward, monitor,
-                                   tool_error_cost, require_finish),
+                                   shaping),
             jobs,
         ))
     return [results[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
@@ -83,7 +82,7 @@ def collect_groups(
 
 def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dict[str, Tool],
                 base: SandboxConfig, reward: RewardConfig, monitor: MonitorConfig,
-                tool_error_cost: float = 0.0, require_finish: bool = False) -> Rollout:
+                shaping: ShapingConfig = ShapingConfig()) -> Rollout:
     version = getattr(policy, "policy_version", 0)  # the weights this episode starts with
     try:
         config = sandbox_config_for(task, base)
@@ -100,16 +99,14 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         return Rollout(task, traj, valid=False, feedback=traj.error)
     if r.infra_failure:  # the reward's sandbox failed: keep why, as an episode's own failure does
         traj.error = traj.error or r.result.infra_error
-    unfinished = require_finish and traj.stop_reason is not StopReason.FINISHED
-    task_reward = 0.0 if unfinished else r.reward
-    shaped = 0.0 if r.infra_failure else task_reward - tool_error_penalty(traj.num_tool_errors, tool_error_cost)
+    shaped, passed = training_reward(r, traj, shaping)
     traj.metadata["reward"] = shaped
     return Rollout(
         task=task,
         trajectory=traj,
         reward=shaped,
         valid=not r.infra_failure,
-        passed=not r.infra_failure and not unfinished and r.result.reward >= 1.0 and not r.monitor.suspicious,
+        passed=passed,
         feedback=r.result.feedback,
         monitor_flags=sorted(r.monitor.kinds()),
         diff=r.diff,

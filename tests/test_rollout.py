@@ -8,7 +8,8 @@ import pytest
 from carl.harness.agent import EpisodeLimits
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
-from carl.train.rollout import collect_groups, infra_error, require_valid, rollout_metrics
+from carl.rewards.shaping import ShapingConfig
+from carl.rollout.rollout import collect_groups, infra_error, require_valid, rollout_metrics
 from carl.types import StopReason
 
 
@@ -96,7 +97,7 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
 
     def rewards(mistakes, cost):
         (group,) = collect_groups(lambda t, j: ExpertPolicy(task, mistakes), [task], 1, limits, tools, sandbox,
-                                  tool_error_cost=cost)
+                                  shaping=ShapingConfig(tool_error_cost=cost))
         (r,) = group
         assert r.valid and r.passed, r.feedback
         assert rollout_metrics([group])["rl/finish_rate"] == 1.0  # the expert ends with a finish call
@@ -123,7 +124,8 @@ def test_require_finish_fails_a_passing_episode_that_never_called_finish(tmp_pat
 
     def run(max_turns, require_finish):
         (group,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes()), [task], 1,
-                                  EpisodeLimits(max_turns=max_turns), tools, sandbox, require_finish=require_finish)
+                                  EpisodeLimits(max_turns=max_turns), tools, sandbox,
+                                  shaping=ShapingConfig(require_finish=require_finish))
         (r,) = group
         return r.trajectory.stop_reason, r.passed, r.reward
 
@@ -140,7 +142,7 @@ def test_require_finish_fails_a_passing_episode_that_never_called_finish(tmp_pat
 def test_has_signal_needs_a_pass_and_a_fail_not_just_a_penalty():
     from train_fakes import token_rollout
 
-    from carl.train.rollout import has_signal
+    from carl.rollout.rollout import has_signal
 
     seq = ([1, 2, 3], [False, True, True])
     penalized = [token_rollout(*seq, reward=0.0), token_rollout(*seq, reward=-0.2)]  # both failed

@@ -1,0 +1,51 @@
+"""Reward shaping: the training reward of a rollout from its test reward and its trajectory.
+
+    infra failure                  -> 0.0 and masked (never trained on)
+    require_finish, no finish call -> a fail: 0.0, whatever the tests say
+    else                           -> the test reward after the monitor's action
+    minus tool_error_cost per failed tool call, at most MAX_TOOL_ERROR_PENALTY in all
+
+`passed` (the outcome evaluation counts) is stricter than a positive reward: the tests pass, the
+monitor saw nothing suspicious and, with require_finish, the agent called finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from carl.rewards.episode import EpisodeReward
+from carl.types import StopReason, Trajectory
+
+MAX_TOOL_ERROR_PENALTY = 0.5
+"""Cap on the total tool-error penalty of one episode: a pass then scores at least 0.5 and a fail
+at most 0.0, so a passing episode always outranks a failing one, however many calls failed."""
+
+
+@dataclass(frozen=True)
+class ShapingConfig:
+    tool_error_cost: float = 0.0
+    """Subtracted per failed tool call (a call that did not parse or that the tool rejected), at
+    most 0.5 in all, so a pass still outranks any fail; 0 turns it off."""
+    require_finish: bool = False
+    """Score an episode that ends without calling finish (out of turns, tokens or time) as a fail."""
+
+    def __post_init__(self) -> None:
+        if self.tool_error_cost < 0:
+            raise ValueError(f"shaping.tool_error_cost: got {self.tool_error_cost}, expected >= 0")
+
+
+def tool_error_penalty(num_tool_errors: int, cost_per_error: float) -> float:
+    """cost_per_error * failed calls, capped at MAX_TOOL_ERROR_PENALTY (0 when cost is 0)."""
+    if cost_per_error < 0:
+        raise ValueError(f"cost_per_error: got {cost_per_error}, expected >= 0")
+    return min(cost_per_error * num_tool_errors, MAX_TOOL_ERROR_PENALTY)
+
+
+def training_reward(ep: EpisodeReward, trajectory: Trajectory, config: ShapingConfig) -> tuple[float, bool]:
+    """(training reward, passed) of one rewarded episode (see the module docstring)."""
+    if ep.infra_failure:
+        return 0.0, False
+    unfinished = config.require_finish and trajectory.stop_reason is not StopReason.FINISHED
+    reward = (0.0 if unfinished else ep.reward) - tool_error_penalty(trajectory.num_tool_errors, config.tool_error_cost)
+    passed = not unfinished and ep.result.reward >= 1.0 and not ep.monitor.suspicious
+    return reward, passed

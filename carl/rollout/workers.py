@@ -1,0 +1,143 @@
+"""Where episodes run: threads of this process, or Ray actors anywhere in a Ray cluster.
+
+Both give the orchestrator one call, `submit(task index, sample index, version) -> Future[Rollout]`.
+
+- `ThreadWorkers`: `concurrency` episode threads sharing the run's engine object (any engine,
+  the in-process HF one included). The default on one machine.
+- `RayWorkers`: `actors` Ray actors, each with its own engine client (the vLLM engine's HTTP
+  address) and its own sandboxes, running up to `per_actor` episodes at once. Each actor asks
+  Ray for `cpus_per_actor` CPUs (fractional on small machines: a 2-core box holds several
+  actors, which spend most of their time waiting on the engine and on test processes). An actor
+  that dies (killed, its node lost) is replaced, and its episodes in flight are started again on
+  a live actor, at most `max_retries` times each; a finished episode is never run twice.
+
+Ray is an optional dependency (`pip install ray`); `carl train rollout.workers=ray` without it is a
+one-line error. On one machine carl starts a local Ray; `rollout.ray_address` joins a cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from carl.errors import UserError
+from carl.rollout.rollout import Rollout
+
+
+class ThreadWorkers:
+    def __init__(self, run_one: Callable[[int, int], Rollout], concurrency: int):
+        self.run_one = run_one
+        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="carl-episode")
+
+    def submit(self, task_index: int, sample_index: int, version: int) -> Future:
+        return self.pool.submit(self.run_one, task_index, sample_index)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Everything a rollout actor needs to run episodes of a run, sent to it once (pickled)."""
+
+    tasks: list[Any]
+    limits: Any
+    tool_names: tuple[str, ...]
+    sandbox: Any
+    monitor: Any
+    shaping: Any
+    engine_url: str
+    model_path: str
+    max_model_len: int
+    seed: int
+    sampling: Any
+
+
+class RolloutActor:
+    """A Ray actor's body (wrapped with `ray.remote` by RayWorkers): episodes against the engine at
+    `spec.engine_url`, each in its own sandbox."""
+
+    def __init__(self, spec: EpisodeSpec):
+        from carl.engine.config import EngineConfig
+        from carl.engine.vllm import VLLMEngine
+        from carl.harness.tools import default_tools
+
+        self.spec = spec
+        self.engine = VLLMEngine(spec.model_path, "", EngineConfig(url=spec.engine_url), "",
+                                 max_model_len=spec.max_model_len, seed=spec.seed, sampling=spec.sampling,
+                                 log=lambda m: None)
+        self.tools = {n: t for n, t in default_tools().items() if n in spec.tool_names}
+
+    def run(self, task_index: int, sample_index: int, version: int) -> Rollout:
+        from carl.rewards.reward import RewardConfig
+        from carl.rollout.rollout import run_rollout
+
+        s = self.spec
+        self.engine.policy_version = version  # the version its first turn samples with (the server's now)
+        return run_rollout(self.engine, s.tasks[task_index], s.limits, self.tools, s.sandbox, RewardConfig(),
+                           s.monitor, s.shaping)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayWorkers:
+    def __init__(self, spec: EpisodeSpec, actors: int, per_actor: int, cpus_per_actor: float,
+                 address: str = "", max_retries: int = 3):
+        try:
+            import ray
+        except ImportError:
+            raise UserError("rollout.workers=ray needs Ray: pip install ray (or rollout.workers=threads)") from None
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
+                     ignore_reinit_error=True, configure_logging=False)
+        self.spec_ref = ray.put(spec)
+        # one slot more than the episodes: control calls (pid) never wait behind them
+        self.remote_cls = ray.remote(max_concurrency=per_actor + 1, num_cpus=cpus_per_actor, max_restarts=0)(RolloutActor)
+        self.max_retries = max_retries
+        self.actors = [self._new_actor() for _ in range(actors)]
+        self.replaced = 0
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def _new_actor(self):
+        return self.remote_cls.remote(self.spec_ref)
+
+    def submit(self, task_index: int, sample_index: int, version: int) -> Future:
+        out: Future = Future()
+        self._attempt(out, task_index, sample_index, version, 0)
+        return out
+
+    def _attempt(self, out: Future, t: int, j: int, version: int, tries: int) -> None:
+        with self._lock:
+            slot = self._next % len(self.actors)
+            self._next += 1
+            actor = self.actors[slot]
+        ref = actor.run.remote(t, j, version)
+
+        def done(fut: Future) -> None:
+            try:
+                out.set_result(fut.result())
+            except self.ray.exceptions.RayActorError as e:  # the actor died: replace it, run the episode again
+                with self._lock:
+                    if self.actors[slot] is actor:
+                        self.actors[slot] = self._new_actor()
+                        self.replaced += 1
+                if tries + 1 > self.max_retries:
+                    out.set_exception(RuntimeError(f"episode ({t}, {j}) lost {tries + 1} rollout actors: {e}"))
+                else:
+                    self._attempt(out, t, j, version, tries + 1)
+            except BaseException as e:  # noqa: BLE001 - handed to the orchestrator
+                out.set_exception(e)
+
+        ref.future().add_done_callback(done)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
