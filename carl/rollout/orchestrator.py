@@ -96,8 +96,9 @@ class Orchestrator:
                 group = self.buffer.take()
                 wait_s += time.monotonic() - t0
                 with self._cond:
-                    self._outstanding -= 1
+                    self._outstanding -= 1  # room for one more in the buffer: wake the producer
                     self._consumed_pos = max(self._consumed_pos, group.pos + 1)
+                    self._cond.notify_all()
                 if step - group.min_version > self.S:
                     dropped += 1
                     self._allow(1)

@@ -29,8 +29,14 @@ PLOTS = {
     # episodes that ended with a finish call: reward ignores it, so RL can unlearn it (measured)
     "finish.png": ["rl/finish_rate", "eval/finish_rate"],
     "kl.png": ["kl/kl"],  # KL(policy || RL start) per sampled token, when rl.kl_coef > 0
-    # seconds per RL step: rollouts (of which the sampler's prefills and decode steps) and the whole step
-    "time.png": ["time/step_s", "time/rollout_s", "sampler/decode_s", "sampler/prefill_s"],
+    # seconds per RL step: the whole step, the trainer waiting for rollouts, training, weight sync
+    "time.png": ["time/step_s", "time/rollout_wait_s", "time/train_s", "sync/total_s"],
+    # engine vs trainer log-probs on the sampled tokens (carl.rl.mismatch): drift shows here first
+    "mismatch.png": ["mismatch/abs_diff_mean", "mismatch/frac_over_0.1", "mismatch/ratio_std"],
+    # weight sync: bytes sent as a share of the full bf16 weights, and of the step's time
+    "sync.png": ["sync/bytes_ratio", "sync/frac_of_step"],
+    # how many versions behind the trained step the rollouts' tokens were (async RL)
+    "staleness.png": ["staleness/token_mean", "staleness/token_max", "time/trainer_idle_frac", "engine/busy_frac"],
 }
 
 

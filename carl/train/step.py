@@ -39,6 +39,7 @@ from carl.rl.self_distill import (
     topk_kl_loss,
 )
 from carl.train.config import RLConfig
+from carl.train.ranks import Ranks, merge_metrics
 from carl.train.reference import FullReference
 from carl.rollout.rollout import Rollout
 
@@ -56,12 +57,17 @@ class TrainSequence:
 def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollout]], cfg: RLConfig,
             tokenizer: Any, pad_id: int, token_normalizer: float, teacher: Any = None,
             valid_tools: tuple[str, ...] = (), temperature: float = 1.0,
-            compute_dtype: torch.dtype | None = None, reference: Any = None) -> dict[str, float]:
+            compute_dtype: torch.dtype | None = None, reference: Any = None,
+            ranks: Ranks = Ranks()) -> dict[str, float]:
     """One optimizer step on `groups`; `temperature` must be the one the rollouts sampled at, so that
     the trainer's log-probs and the sampler's describe the same distribution. `compute_dtype`
     (e.g. bf16) autocasts the forward passes while the weights and optimizer stay in fp32.
     `reference` (needed when cfg.kl_coef > 0; a frozen model or carl.train.reference's form of
-    one) anchors the KL penalty."""
+    one) anchors the KL penalty. On N `ranks` (an FSDP2-sharded model, the same `groups` on every
+    rank) each rank trains its share of the micro-batches (carl.train.ranks)."""
+    if ranks.world > 1 and (cfg.sd_weight > 0 or cfg.kl_coef > 0):
+        raise ValueError(f"rl.sd_weight / rl.kl_coef: self-distillation and the KL penalty run on one trainer "
+                         f"rank only so far, got {ranks.world} ranks")
     if cfg.kl_coef > 0 and reference is None:
         raise ValueError(f"rl.kl_coef={cfg.kl_coef} needs a reference model (the weights RL started from)")
     if cfg.kl_coef == 0:
@@ -79,7 +85,11 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     device = next(model.parameters()).device  # batches are built on the CPU, then moved
     totals = {"loss/grpo": 0.0, "loss/kl": 0.0, "loss/self_distill": 0.0}
     mismatch: dict[str, float] = {}  # trainer vs rollout log-probs (carl.rl.mismatch)
-    for micro in micro_batches(seqs, cfg.micro_batch_tokens):
+    for micro in ranks.share(micro_batches(seqs, cfg.micro_batch_tokens)):
+        if micro is None:  # this rank has fewer micro-batches: run the same collectives for nothing
+            out_1 = model(input_ids=torch.full((1, 2), pad_id, device=device)).logits
+            (out_1.sum() * 0.0).backward()
+            continue
         ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
         mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
         grpo_mask_B_T = mask_B_T & torch.tensor([s.use_grpo for s in micro], device=device)[:, None]
@@ -128,13 +138,18 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
             totals["loss/self_distill"] += float(sd.detach())
             _accumulate(metrics, {f"sd/{k}": v for k, v in sm.items()}, weight=sm["num_tokens"])
             loss = loss + sd
-        loss.backward()
+        (loss * ranks.world).backward()  # FSDP averages gradients over ranks: this makes it their sum
 
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # a DTensor on N ranks
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    if ranks.world > 1:  # every rank's share of the sums
+        metrics = merge_metrics(ranks.gather({**metrics, "rl/num_sequences": 0.0})) | {"rl/num_sequences": float(len(seqs))}
+        totals = merge_metrics(ranks.gather(totals))
+        mismatch = merge_metrics(ranks.gather(mismatch))
     metrics.update(totals)
     metrics["loss/total"] = sum(totals.values())
     metrics["rl/grad_norm"] = float(grad_norm)

@@ -1,0 +1,92 @@
+"""The trainer on 2 gloo CPU ranks (FSDP2-sharded model, each rank its share of the micro-batches)
+gives the same losses and weights as 1 rank over several RL steps, with AdamW and with Muon
+(ShardedMuon on the sharded model)."""
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from train_fakes import token_rollout  # noqa: E402
+
+from carl.systems.cpu_ranks import run_on_cpu_ranks  # noqa: E402
+from carl.train.config import RLConfig  # noqa: E402
+from carl.train.ranks import Ranks, make_optimizer, shard_model  # noqa: E402
+from carl.train.step import rl_step  # noqa: E402
+
+STEPS, VOCAB = 3, 96
+
+
+def _model() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         tie_word_embeddings=False, pad_token_id=0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _groups(step: int):
+    rng = random.Random(step)
+    groups = []
+    for _ in range(2):
+        group = []
+        for j in range(4):
+            n = rng.randint(6, 14)
+            ids = [rng.randrange(1, VOCAB) for _ in range(n)]
+            gen = [i >= n // 2 for i in range(n)]
+            group.append(token_rollout(ids, gen, reward=float(j % 2), logprob=-rng.uniform(1.0, 4.0)))
+        groups.append(group)
+    return groups
+
+
+def _train(rank: int, world: int, optimizer: str, out: str) -> None:
+    ranks = Ranks.current()
+    model = shard_model(_model(), ranks)
+    opt = make_optimizer(optimizer, model, lr=1e-2, weight_decay=0.01, sharded=ranks.world > 1)
+    cfg = RLConfig(lr=1e-2, micro_batch_tokens=40, grad_clip=0.5)  # 8 sequences in 3 uneven micro-batches
+    losses = []
+    for step in range(STEPS):
+        m = rl_step(model, opt, None, _groups(step), cfg, None, 0, token_normalizer=64.0, ranks=ranks)
+        losses.append((m["loss/total"], m["rl/grad_norm"], m["grpo/num_tokens"]))
+    if ranks.world > 1:
+        from carl.systems.meshes import full_state_dict
+
+        state = full_state_dict(model)
+    else:
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"losses": losses, "state": state}, out)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_two_ranks_match_one_rank(optimizer, tmp_path):
+    torch.set_num_threads(1)
+    _train(0, 1, optimizer, str(tmp_path / "one.pt"))
+    run_on_cpu_ranks(_train, 2, optimizer, str(tmp_path / "two.pt"))
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for (l1, g1, n1), (l2, g2, n2) in zip(one["losses"], two["losses"]):
+        assert n1 == n2  # both counted every generated token once
+        assert l2 == pytest.approx(l1, rel=1e-4, abs=1e-6) and g2 == pytest.approx(g1, rel=1e-4)
+    assert one["state"].keys() == two["state"].keys()
+    for name, w in one["state"].items():
+        torch.testing.assert_close(two["state"][name], w, rtol=1e-4, atol=1e-5, msg=name)
+    moved = sum(float((w - _model().state_dict()[n]).abs().sum()) for n, w in one["state"].items())
+    assert moved > 0  # the steps changed the weights
+
+
+def test_the_micro_batches_of_a_rank_are_its_share_padded_to_equal_length():
+    assert Ranks(0, 2).share([1, 2, 3]) == [1, 3]
+    assert Ranks(1, 2).share([1, 2, 3]) == [2, None]
+    assert Ranks(0, 1).share([1, 2]) == [1, 2]
+
+
+def test_self_distillation_on_several_ranks_is_refused_naming_the_fields():
+    with pytest.raises(ValueError, match="rl.sd_weight"):
+        rl_step(_model(), None, None, _groups(0), RLConfig(sd_weight=0.5), None, 0, 64.0, ranks=Ranks(0, 2))
