@@ -15,7 +15,6 @@ from carl.config import ConfigError, load_config
 from carl.micro.generate import package_name
 from carl.micro.world import build_micro_tasks, split_seeds
 from carl.train.config import TrainConfig
-from carl.train import loop
 from carl.train.loop import train
 
 
@@ -93,20 +92,22 @@ def test_micro_splits_use_disjoint_generator_seeds():
 def test_a_crash_before_the_rl_checkpoint_resumes_from_step_0_and_logs_the_step_once(tmp_path, one_task, monkeypatch):
     torch.set_num_threads(1)
     cfg = _cfg(tmp_path, one_task)
-    real_save = loop.save_checkpoint
+    from carl.train import trainer as trainer_module
+
+    real_save = trainer_module.save_checkpoint
 
     def crash_at_step_1(run_dir, step, *args, **kwargs):
         if step == 1:
             raise OSError(28, "No space left on device")  # as a full disk did mid-run
         return real_save(run_dir, step, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "save_checkpoint", crash_at_step_1)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", crash_at_step_1)
     with pytest.raises(OSError, match="No space"):
         train(cfg, Console(quiet=True))
     run = tmp_path / "run"
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps.count(1) == 1 and (run / "checkpoints" / "latest").read_text().strip() == "step_000000"
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", real_save)
     summary = train(cfg, Console(quiet=True))  # resumes at RL step 0 and runs step 1 again
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]  # not twice

@@ -90,3 +90,48 @@ def test_the_micro_batches_of_a_rank_are_its_share_padded_to_equal_length():
 def test_self_distillation_on_several_ranks_is_refused_naming_the_fields():
     with pytest.raises(ValueError, match="rl.sd_weight"):
         rl_step(_model(), None, None, _groups(0), RLConfig(sd_weight=0.5), None, 0, 64.0, ranks=Ranks(0, 2))
+
+
+@pytest.mark.distributed
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
+    """`torchrun --nproc-per-node 2 -m carl.cli train ...` on CPU (gloo): warm start, RL steps and evals
+    with the model sharded over both ranks; its checkpoint then resumes on one rank (one format)."""
+    import json
+    import os
+    import subprocess
+
+    from tiny_hf import save_tiny_model
+
+    from carl.config import load_config, save_config
+    from carl.micro.world import build_micro_tasks
+    from carl.train.config import TrainConfig
+
+    world = build_micro_tasks(tmp_path / "micro", seed=3, difficulty=1, repos={"warm_start": 1}, max_tasks_per_repo=1,
+                              backend="local")
+    tasks = tmp_path / "micro" / "warm_start.jsonl"
+    assert world["warm_start"]
+    model = save_tiny_model(tmp_path / "tiny")
+    overrides = [f"run_dir={tmp_path / 'run'}", f"model.path={model}", "model.dtype=float32", "model.trainable_layers=0",
+                 f"tasks={tasks}", f"eval_tasks={tasks}", "sandbox.backend=local", "engine.kind=hf",
+                 "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",
+                 "limits.context_budget_tokens=20000", "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0",
+                 "warm_start.wrong_edit=0", "warm_start.skip_read=1",
+                 "rl.steps=2", "rollout.group_size=2", "rollout.tasks_per_step=1", "rollout.max_extra_batches=0",
+                 "eval.samples_per_task=1", "rl.micro_batch_tokens=2000"]
+    save_config(load_config(TrainConfig, None, overrides), tmp_path / "cfg.toml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "carl.cli", "train", str(tmp_path / "cfg.toml")]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2]
+    assert json.loads((run / "report.json").read_text()).keys() == {"warm_start", "rl"}
+    # the 2-rank checkpoint trains on on one rank (the same checkpoint format)
+    one = [sys.executable, "-m", "carl.cli", "train", str(run / "config.toml"), "rl.steps=3", "--extend"]
+    res = subprocess.run(one, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3]

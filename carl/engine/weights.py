@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,10 +64,12 @@ class WeightStore:
         self.encoder = DeltaEncoder(config)
         self._last: tuple[int, dict[str, torch.Tensor]] | None = None
 
-    def publish(self, model: torch.nn.Module, version: int) -> Published:
-        """Encode and write `version` of `model`'s weights (in the engine dtype)."""
+    def publish(self, weights: torch.nn.Module | Mapping[str, torch.Tensor], version: int) -> Published:
+        """Encode and write `version` of the weights (a model, or its published tensors by name) in
+        the engine dtype."""
         t0 = time.perf_counter()
-        state = {name: t.to(self.dtype) for name, t in published_state(model).items()}
+        named = published_state(weights) if isinstance(weights, torch.nn.Module) else weights
+        state = {name: t.to(self.dtype) for name, t in named.items()}
         if version != self.encoder.next_version:  # not the successor of the last one: start over
             self.encoder = DeltaEncoder(self.config, first_version=version)
         t1 = time.perf_counter()

@@ -36,12 +36,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
-                    trainer_state: dict[str, Any], keep: int = 2, pinned: tuple[int, ...] = (0,)) -> Path:
+                    trainer_state: dict[str, Any], keep: int = 2, pinned: tuple[int, ...] = (0,),
+                    model_state: dict[str, torch.Tensor] | None = None) -> Path:
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=ckpt_root))
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    # `model_state`: the full weights of a sharded model, gathered by the caller (carl.train.trainer)
+    model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=model_state)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     torch.save(

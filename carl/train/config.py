@@ -169,6 +169,9 @@ class RLConfig:
     """Stop RL after the first step that ends this many seconds after RL started (or resumed) in
     this process, then evaluate as after the last step; 0 = no limit, run all `steps`. For runs
     with a wall-clock budget: the console and metrics.jsonl say how many steps ran."""
+    optimizer: str = "adamw"
+    """"adamw", or "muon": Muon on the hidden matrices (ShardedMuon on N trainer ranks) and AdamW on
+    embeddings, head, norms and biases (carl.systems.muon, carl.train.ranks)."""
     lr: float = 1e-4
     """Adam moments restart at the first RL step. At 5e-5 on top of the warm start's moments, 5 RL
     steps moved the weights by 5e-5 on average: 1/20 of a bf16 step at their size, so the bf16
@@ -208,6 +211,8 @@ class RLConfig:
     micro_batch_tokens: int = 4096
 
     def __post_init__(self) -> None:
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"rl.optimizer: got {self.optimizer!r}, expected 'adamw' or 'muon'")
         if self.sd_loss not in ("topk", "sampled"):
             raise ValueError(f"rl.sd_loss: got {self.sd_loss!r}, expected 'topk' or 'sampled'")
         if self.steps < 0:

@@ -37,25 +37,29 @@ from carl.harness.tools import default_tools
 from carl.harness.transcript import transcript_text
 from carl.io import atomic_write_json, atomic_write_text
 from carl.engine.base import Engine, SamplingParams
-from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, load_model, pad_token_id
+from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, pad_token_id
 from carl.engine.weights import WeightStore
 from carl.micro.expert import ExpertMistakes
 from carl.systems.delta_sync import DeltaSyncConfig
 from carl.tasks import TaskRecord, load_tasks
-from carl.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from carl.train.checkpoint import latest_checkpoint
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
 from carl.train.reference import load_reference
+from carl.train.ranks import init_from_env
 from carl.train.state import RunState
+from carl.train.trainer import Trainer, follow
 from carl.rewards.reward import RewardConfig
 from carl.rollout.orchestrator import Orchestrator
 from carl.rollout.rollout import require_valid, rollout_metrics, run_rollout
 from carl.rollout.workers import EpisodeSpec, RayWorkers, ThreadWorkers
-from carl.train.step import rl_step
-from carl.train.warm_start import expert_rollouts, sft_epoch
+from carl.train.warm_start import expert_rollouts
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+    if init_from_env().rank > 0:  # torchrun: ranks 1..N-1 run the trainer's collectives, rank 0 the rest
+        follow(Trainer(cfg, resolve_model_path(cfg.model.path)))
+        return {}
     console = console or Console()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,34 +73,27 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     tools = {name: tool for name, tool in default_tools().items() if name in cfg.tools}
     limits = episode_limits(cfg)
     model_path = resolve_model_path(cfg.model.path)
-    compute_dtype = DTYPES[cfg.model.dtype]
-    tokenizer, model = load_model(model_path, torch.float32, cfg.model.device)  # fp32 master weights (step.autocast)
-    trainable = set_trainable(model, cfg.model.trainable_layers)
-    pad_id = pad_token_id(tokenizer)
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainer = Trainer(cfg, model_path)  # fp32 master weights, the optimizer; on N ranks under torchrun
+    tokenizer, pad_id = trainer.tokenizer, pad_token_id(trainer.tokenizer)
     state = RunState()
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
-        model.load_state_dict(load_model(ckpt / "model", torch.float32, cfg.model.device)[1].state_dict())
-        state = RunState.from_dict(load_trainer_state(ckpt, optimizer, scheduler)[1], where=str(ckpt))
+        state = trainer.load(ckpt)
         console.print(f"[bold]resumed[/] from {ckpt} (phase {state.phase}, RL step {state.rl_step})")
     # rows logged after the checkpoint are of work that runs again (older checkpoints: keep all)
     log.rewind(state.metrics_rows if ckpt is not None else 0)
 
     def checkpoint(step: int) -> None:
         state.metrics_rows = len(log.rows())
-        save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, state.to_dict())
+        trainer.save(run_dir, step, state)
 
     # ---------------------------------------------------------------- warm start
     if state.phase == "warm_start" and cfg.warm_start.episodes > 0:
         data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, console, log)
-        _set_lr(optimizer, cfg.warm_start.lr)
+        trainer.set_lr(cfg.warm_start.lr)
         while state.sft_epoch < cfg.warm_start.epochs:
-            rng = random.Random(cfg.seed * 1009 + state.sft_epoch)
-            losses = sft_epoch(model, optimizer, data, pad_id, cfg.warm_start.batch_size,
-                               cfg.rl.micro_batch_tokens, cfg.rl.grad_clip, rng, compute_dtype=compute_dtype)
+            losses = trainer.sft_epoch(data, pad_id, state.sft_epoch)
             state.sft_epoch += 1
             log.log(state.sft_epoch - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
             console.print(f"warm start epoch {state.sft_epoch}/{cfg.warm_start.epochs}: "
@@ -107,7 +104,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     if state.phase != "done":  # a finished run only prints its report again
         policy, store = start_engine(cfg, model_path, run_dir, console)
         try:
-            sync_metrics = sync_weights(store, policy, model, state.rl_step)
+            sync_metrics = sync_weights(store, policy, trainer, state.rl_step)
             console.print(f"engine: {cfg.engine.kind} at weights version {state.rl_step} "
                           f"({sync_metrics['sync/bytes'] / 1e6:.1f} MB, {sync_metrics['sync/apply_s']:.2f} s)")
             if state.phase == "warm_start":
@@ -115,17 +112,18 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                 state.phase = "rl"
                 checkpoint(0)
             if state.phase == "rl":
-                _set_lr(optimizer, cfg.rl.lr)
+                trainer.set_lr(cfg.rl.lr)
                 if state.rl_step == 0:  # RL starts from fresh Adam moments: the warm start's large second
-                    optimizer.state.clear()  # moments made RL steps ~0.2 x lr (measured); deterministic on resume
-                rl_phase(cfg, state, task_sets["rl"], policy, store, model, optimizer, scheduler, tokenizer, pad_id,
-                         limits, tools, log, console, checkpoint, run_dir)
+                    trainer.clear_optimizer_state()  # moments made RL steps ~0.2 x lr (measured); deterministic on resume
+                rl_phase(cfg, state, task_sets["rl"], policy, store, trainer, pad_id, limits, tools, log, console,
+                         checkpoint, run_dir)
                 state.reports["rl"] = run_eval("after RL", policy, cfg, eval_tasks, tools, console, log,
                                                step=state.rl_step)
                 state.phase = "done"
                 checkpoint(state.rl_step)
         finally:
             policy.close()  # never leave a vLLM server running
+    trainer.stop()
 
     log.plot()
     summary = {name: r["summary"] for name, r in state.reports.items()}
@@ -135,16 +133,15 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 
 
 def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], policy: Engine, store: WeightStore,
-             model: Any, optimizer: Any, scheduler: Any, tokenizer: Any, pad_id: int, limits: EpisodeLimits,
-             tools: dict, log: MetricsLog, console: Console, checkpoint, run_dir: Path) -> None:
+             trainer: Trainer, pad_id: int, limits: EpisodeLimits, tools: dict, log: MetricsLog, console: Console,
+             checkpoint, run_dir: Path) -> None:
     """RL steps until rl.steps (or rl.max_wall_s), rollouts produced ahead by the orchestrator within
     rollout.max_staleness versions (0: synchronous; see carl.rollout.orchestrator)."""
-    compute_dtype = DTYPES[cfg.model.dtype]
     token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
     reference = None  # the KL anchor: the weights RL started from, the same on resume
     if cfg.rl.kl_coef > 0:
         start = run_dir / "checkpoints" / "step_000000" / "model"
-        reference = load_reference(start, model, cfg.model.trainable_layers, cfg.model.device)
+        reference = load_reference(start, trainer.model, cfg.model.trainable_layers, cfg.model.device)
         console.print(f"KL reference: {reference.describe()}")
     workers = make_workers(cfg, policy, rl_tasks, limits, tools)
     orchestrator = Orchestrator(workers.submit, len(rl_tasks), task_order(len(rl_tasks), cfg.seed),
@@ -160,11 +157,9 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             groups = [g.rollouts for g in taken.groups]
             require_valid([r for g in groups for r in g], f"RL step {step + 1}")
             t_rollout = time.monotonic() - t0
-            metrics = rl_step(model, optimizer, scheduler, groups, cfg.rl, tokenizer, pad_id, token_normalizer,
-                              valid_tools=tuple(tools), temperature=cfg.rollout.temperature,
-                              compute_dtype=compute_dtype, reference=reference)
+            metrics = trainer.rl_step(groups, token_normalizer, tuple(tools), reference, pad_id)
             t_train = time.monotonic() - t0 - t_rollout
-            metrics.update(sync_weights(store, policy, model, step + 1))
+            metrics.update(sync_weights(store, policy, trainer, step + 1))
             orchestrator.set_version(step + 1)  # rollouts for later steps may start now
             state.rl_step, state.task_pos = step + 1, taken.task_pos
             step_s = time.monotonic() - t0
@@ -230,10 +225,10 @@ def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, console: Con
     return engine, store
 
 
-def sync_weights(store: WeightStore, engine: Engine, model: Any, version: int) -> dict[str, float]:
+def sync_weights(store: WeightStore, engine: Engine, trainer: Trainer, version: int) -> dict[str, float]:
     """Publish the trainer's weights as `version` and bring the engine to it (checked); sync/* metrics."""
     t0 = time.perf_counter()
-    metrics = store.push(engine, store.publish(model, version))
+    metrics = store.push(engine, store.publish(trainer.full_state(), version))
     metrics["sync/total_s"] = time.perf_counter() - t0
     return metrics
 
@@ -374,8 +369,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _set_lr(optimizer: Any, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr

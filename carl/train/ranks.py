@@ -21,6 +21,7 @@ rank); `rl_step` refuses them.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,18 @@ class Ranks:
         box = [obj if self.rank == src else None]
         dist.broadcast_object_list(box, src=src)
         return box[0]
+
+
+def init_from_env() -> Ranks:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR... in the
+    environment): NCCL with CUDA, gloo on CPU. Without torchrun: one rank, nothing to join."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return Ranks.current()
 
 
 def shard_model(model: torch.nn.Module, ranks: Ranks, dual: Any = None) -> torch.nn.Module:

@@ -23,6 +23,7 @@ from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
 from carl.rollout.rollout import Rollout, collect_groups
+from carl.train.ranks import Ranks
 from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 
 
@@ -57,8 +58,9 @@ def sft_loss(logprobs_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> tuple[torch.
 
 def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, batch_size: int,
               micro_batch_tokens: int, grad_clip: float, rng: random.Random, on_batch=None,
-              compute_dtype: torch.dtype | None = None) -> list[float]:
-    """One pass over the successful rollouts' segments in random order; returns the batch losses."""
+              compute_dtype: torch.dtype | None = None, ranks: Ranks = Ranks()) -> list[float]:
+    """One pass over the successful rollouts' segments in random order; returns the batch losses.
+    On N `ranks` each trains its share of every batch's micro-batches (carl.train.ranks)."""
     seqs = [TrainSequence(s.token_ids_T, s.generated_mask_T, s.logprobs_T, 0.0)
             for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if any(s.generated_mask_T)]
     rng.shuffle(seqs)
@@ -69,16 +71,20 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
         total_tokens = sum(sum(s.generated_mask_T) for s in batch)
         optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        for micro in micro_batches(batch, micro_batch_tokens):
-            device = next(model.parameters()).device
+        device = next(model.parameters()).device
+        for micro in ranks.share(micro_batches(batch, micro_batch_tokens)):
+            if micro is None:  # this rank has fewer micro-batches: the same collectives for nothing
+                (model(input_ids=torch.full((1, 2), pad_id, device=device)).logits.sum() * 0.0).backward()
+                continue
             ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
             mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
             with autocast(model, compute_dtype):
                 logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
             loss, m = sft_loss(logprobs_B_T, mask_B_T)
             loss = loss * (m["num_tokens"] / max(total_tokens, 1))  # token-weighted mean over the batch
-            loss.backward()
+            (loss * ranks.world).backward()  # FSDP averages gradients over ranks: this makes it their sum
             batch_loss += float(loss.detach())
+        batch_loss = sum(ranks.gather(batch_loss))
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
         optimizer.step()
         losses.append(batch_loss)

@@ -1,0 +1,190 @@
+"""The trainer role: fp32 master weights and the optimizer, on one rank or on N (torchrun).
+
+    rank 0 (the run: tasks, engine, orchestrator, evals, logs)        ranks 1..N-1 (`follow`)
+    trainer.rl_step(groups) ──────── ("rl_step", groups) ────────────> trainer._rl_step(groups)
+         each rank trains its share of the micro-batches (carl.train.ranks), FSDP2 collectives
+    trainer.full_state() ─────────── ("full_state",) ────────────────> gathers its shards to rank 0
+    trainer.save(...) / sft_epoch / stop ... the same way
+
+Every collective is one method: rank 0 first broadcasts its name and arguments, then every rank
+runs it, so all ranks call the same collectives in the same order. On one rank nothing is sent.
+
+Checkpoints have one format whatever the number of ranks (a Hugging Face model folder and the
+optimizer's full state keyed by parameter name, torch.distributed.checkpoint's state-dict API),
+so a run resumes on another number of ranks. Gathering full states to rank 0 suits models that
+fit one host's memory; sharded DCP directories for larger ones are not written yet.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from carl.engine.hf import load_model
+from carl.systems.subscriber import published_state
+from carl.train.checkpoint import load_trainer_state, save_checkpoint
+from carl.train.config import TrainConfig
+from carl.train.ranks import Ranks, make_optimizer, shard_model
+from carl.train.state import RunState
+from carl.train.step import rl_step
+from carl.train.warm_start import sft_epoch
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, model_path: Path, ranks: Ranks | None = None):
+        from carl.train.loop import set_trainable
+
+        self.cfg = cfg
+        self.ranks = ranks or Ranks.current()
+        device = cfg.model.device
+        if self.ranks.world > 1 and device.startswith("cuda"):
+            device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"  # torchrun: one GPU per rank
+        self.tokenizer, model = load_model(model_path, torch.float32, device)  # fp32 master weights
+        set_trainable(model, cfg.model.trainable_layers)
+        self.model = shard_model(model, self.ranks)
+        self.optimizer = make_optimizer(cfg.rl.optimizer, self.model, cfg.rl.lr, cfg.rl.weight_decay,
+                                        sharded=self.ranks.world > 1)
+        self.compute_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
+
+    # ------------------------------------------------------------------ collectives (rank 0 drives)
+
+    def rl_step(self, groups: list, token_normalizer: float, valid_tools: tuple[str, ...], reference: Any = None,
+                pad_id: int = 0) -> dict[str, float]:
+        return self._run("rl_step", groups, token_normalizer, valid_tools, reference, pad_id)
+
+    def sft_epoch(self, data: list, pad_id: int, epoch: int) -> list[float]:
+        return self._run("sft_epoch", data, pad_id, epoch)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every published parameter, unsharded, on rank 0 ({} on the others)."""
+        return self._run("full_state")
+
+    def save(self, run_dir: Path, step: int, state: RunState) -> None:
+        self._run("save", run_dir, step, state)
+
+    def stop(self) -> None:
+        """Release the followers (they return from `follow`)."""
+        if self.ranks.world > 1 and self.ranks.rank == 0:
+            self.ranks.broadcast(("stop", ()))
+
+    def set_lr(self, lr: float) -> None:
+        self._run("set_lr", lr)
+
+    def clear_optimizer_state(self) -> None:
+        self._run("clear_optimizer_state")
+
+    def load(self, ckpt: Path) -> RunState:
+        """Model weights, optimizer and RNG from `ckpt`; every rank reads it (a shared file system)."""
+        return self._run("load", ckpt)
+
+    def _run(self, name: str, *args):
+        if self.ranks.world > 1 and self.ranks.rank == 0:
+            self.ranks.broadcast((name, args))
+        return getattr(self, "_" + name)(*args)
+
+    # ------------------------------------------------------------------ what each rank does
+
+    def _rl_step(self, groups, token_normalizer, valid_tools, reference, pad_id):
+        c = self.cfg
+        return rl_step(self.model, self.optimizer, None, groups, c.rl, self.tokenizer, pad_id, token_normalizer,
+                       valid_tools=valid_tools, temperature=c.rollout.temperature, compute_dtype=self.compute_dtype,
+                       reference=reference, ranks=self.ranks)
+
+    def _sft_epoch(self, data, pad_id, epoch):
+        ws = self.cfg.warm_start
+        rng = random.Random(self.cfg.seed * 1009 + epoch)
+        return sft_epoch(self.model, self.optimizer, data, pad_id, ws.batch_size, self.cfg.rl.micro_batch_tokens,
+                         self.cfg.rl.grad_clip, rng, compute_dtype=self.compute_dtype, ranks=self.ranks)
+
+    def _full_state(self):
+        if self.ranks.world == 1:
+            return published_state(self.model)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        torch.distributed.barrier()  # gloo: the next collective after a cpu_offload gather aborts without it
+        names = set(dict(self.model.named_parameters()))  # tied weights once, as published_state
+        return {k: v for k, v in full.items() if k in names} if self.ranks.rank == 0 else {}
+
+    def _save(self, run_dir, step, state):
+        model_state, optim_state = self._gathered_state()
+        if self.ranks.rank == 0:
+            save_checkpoint(run_dir, step, self.model, self.tokenizer, _Saved(optim_state), None, state.to_dict(),
+                            model_state=model_state)
+
+    def _load(self, ckpt):
+        from carl.engine.hf import load_model as load
+
+        weights = load(Path(ckpt) / "model", torch.float32, "cpu")[1].state_dict()
+        optim = _Saved(None)
+        _, trainer_state = load_trainer_state(ckpt, optim, None)
+        self._set_state(weights, optim.state)
+        return RunState.from_dict(trainer_state, where=str(ckpt))
+
+    def _set_lr(self, lr):
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _clear_optimizer_state(self):
+        self.optimizer.clear_state()
+
+    def _gathered_state(self) -> tuple[dict | None, dict]:
+        """(full model state or None for save_pretrained's own, full optimizer state keyed by name)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        full = self.ranks.world > 1
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer.optimizers,
+                                            options=StateDictOptions(full_state_dict=full, cpu_offload=full))
+        if full:
+            torch.distributed.barrier()
+        return (model_sd if full else None), optim_sd
+
+    def _set_state(self, weights: dict, optim_sd: dict | None) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        if optim_sd is not None and not _keyed_by_name(optim_sd):  # a checkpoint from before this module
+            if self.ranks.world > 1:
+                raise RuntimeError("this checkpoint's optimizer state predates multi-rank training; resume it on one rank")
+            self.model.load_state_dict(weights)
+            self.optimizer.load_state_dict(optim_sd)
+            return
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        if optim_sd is None:
+            set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights, optim_state_dict={},
+                           options=options)
+        else:
+            set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights, optim_state_dict=optim_sd,
+                           options=options)
+
+
+def _keyed_by_name(optim_sd: dict) -> bool:
+    """An optimizer state from torch.distributed.checkpoint's API (keyed by parameter name), not a
+    plain `optimizer.state_dict()` (keyed by position)."""
+    groups = optim_sd.get("param_groups") or []
+    return bool(groups) and all(isinstance(p, str) for g in groups for p in g.get("params", []))
+
+
+class _Saved:
+    """What checkpoint.py expects of an optimizer (state_dict / load_state_dict), holding a dict."""
+
+    def __init__(self, state: dict | None):
+        self.state = state
+
+    def state_dict(self) -> dict | None:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+def follow(trainer: Trainer) -> None:
+    """Ranks 1..N-1: run what rank 0 runs until it stops."""
+    while True:
+        name, args = trainer.ranks.broadcast(None)
+        if name == "stop":
+            return
+        getattr(trainer, "_" + name)(*args)
