@@ -275,3 +275,64 @@ def test_replay_survives_gradient_checkpointing_recompute():
     assert all(
         m.weight.grad.abs().sum() > 0 for m in model.modules() if type(m).__name__ == "Qwen3MoeTopKRouter"
     )
+
+
+def test_the_engine_records_routes_through_the_harness_and_rl_step_replays_them(tmp_path):
+    """R3 in the loop: the HF engine (bf16, with carl.engine.routing's recorder) samples a two-turn
+    segment through the harness's TokenContext; the segment keeps its routes; the fp32 trainer's
+    rl_step replays them. The engine-vs-trainer log-prob gap on the sampled tokens shrinks with
+    replay, and the trainer's own router would have routed some tokens elsewhere."""
+    from tiny_hf import tiny_tokenizer
+
+    from carl.engine.hf import HFEngine, HFEngineConfig, load_model
+    from carl.engine.routing import recorder_for, segment_routes
+    from carl.harness.chat_tokens import TokenContext
+    from carl.rl.logprobs import sequence_logprobs
+    from carl.rollout.rollout import Rollout
+    from carl.tasks import TaskRecord
+    from carl.train.config import RLConfig
+    from carl.train.step import rl_step
+    from carl.types import Message, Trajectory
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
+    tok.save_pretrained(tmp_path / "moe")
+    recorder = recorder_for(tmp_path / "moe")
+    assert recorder is not None and (recorder.top_k, recorder.num_experts) == (2, 8)
+    engine = HFEngine(HFEngineConfig(path=str(tmp_path / "moe"), dtype="bfloat16", temperature=1.0), recorder)
+    ctx = TokenContext(engine)
+    ctx.start([Message("system", "You are a coding agent."), Message("user", "Fix the failing tests.")])
+    ctx.generate(24, 10_000)
+    ctx.add(Message("tool", "2 failed, 3 passed"))
+    ctx.generate(24, 10_000)
+    engine.close()
+    seg = ctx.segment
+    assert len(seg.routing["spans"]) == 2
+    routes = segment_routes(seg.routing, len(seg.token_ids_T), 3, 2)
+    assert routes.shape == (3, len(seg.token_ids_T), 2) and (routes[:, :-1] >= 0).mean() > 0.8
+
+    _, trainer = load_model(tmp_path / "moe", torch.float32)
+    replay = RouterReplay(trainer)
+    ids = torch.tensor([seg.token_ids_T])
+    mask = torch.tensor([seg.generated_mask_T])
+    engine_lp = torch.tensor(seg.logprobs_T)[mask[0]]
+    with torch.no_grad():
+        free = sequence_logprobs(trainer, ids, torch.ones_like(ids))[0][mask[0]]
+        with replay.replay(stack_routes([routes], ids.shape[1])):
+            replayed = sequence_logprobs(trainer, ids, torch.ones_like(ids))[0][mask[0]]
+    assert (replayed - engine_lp).abs().mean() < (free - engine_lp).abs().mean()
+
+    task = TaskRecord(instance_id="moe__0", repo="moe")
+    group = [Rollout(task, Trajectory(task_id="moe__0", segments=[seg]), reward=r, passed=r > 0) for r in (1.0, 0.0)]
+    trainer.requires_grad_(True)
+    opt = torch.optim.AdamW(trainer.parameters(), lr=1e-3)
+    m = rl_step(trainer, opt, None, [group], RLConfig(), tok, tok.pad_token_id, 64.0, replay=replay)
+    assert m["replay/micro_batches"] >= 1 and "replay/micro_batches_free" not in m
+    assert 0.0 < m["replay/route_mismatch_frac"] < 1.0  # the trainer alone would have routed some elsewhere

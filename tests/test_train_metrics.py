@@ -2,13 +2,15 @@
 
 import json
 
+import pytest
+
 from carl.train.metrics import PLOTS, MetricsLog, git_revision
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_metrics_jsonl_transcripts_and_png_plots(tmp_path):
-    log = MetricsLog(tmp_path, tensorboard=False)
+    log = MetricsLog(tmp_path)
     log.log(-1, {"loss/sft": 2.5})
     for step in (1, 2, 3):
         log.log(step, {"rl/reward_mean": 0.1 * step, "rl/pass_rate": 0.2 * step, "loss/total": 1.0 / step,
@@ -35,7 +37,7 @@ def test_git_revision_outside_a_checkout(tmp_path):
 
 
 def test_rewind_keeps_the_rows_a_checkpoint_had_seen_and_drops_a_torn_line(tmp_path):
-    log = MetricsLog(tmp_path, tensorboard=False)
+    log = MetricsLog(tmp_path)
     assert log.rewind(0) == 0 and not log.path.exists()  # a fresh run: nothing to rewind
     for step in (0, 1, 2):
         log.log(step, {"rl/reward_mean": 0.1 * step})
@@ -45,3 +47,22 @@ def test_rewind_keeps_the_rows_a_checkpoint_had_seen_and_drops_a_torn_line(tmp_p
     log.log(2, {"rl/reward_mean": 0.5})
     assert [(r["step"], r["rl/reward_mean"]) for r in log.rows()] == [(0, 0.0), (1, 0.1), (2, 0.5)]
     assert log.rewind(3) == 0 and len(log.path.read_text().splitlines()) == 3
+
+
+def test_a_tracker_that_is_not_installed_is_a_one_line_error_naming_the_package(tmp_path, monkeypatch):
+    import builtins
+
+    from carl.errors import UserError
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    with pytest.raises(UserError, match="pip install wandb"):
+        MetricsLog(tmp_path, ("wandb",))
+    with pytest.raises(UserError, match="tracking: got 'mlflow'"):
+        MetricsLog(tmp_path, ("mlflow",))

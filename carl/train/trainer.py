@@ -49,6 +49,7 @@ class Trainer:
         self.optimizer = make_optimizer(cfg.rl.optimizer, self.model, cfg.rl.lr, cfg.rl.weight_decay,
                                         sharded=self.ranks.world > 1)
         self.compute_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
+        self.replay = router_replay_for(self.model)  # MoE: train on the experts the engine routed to
 
     # ------------------------------------------------------------------ collectives (rank 0 drives)
 
@@ -92,7 +93,7 @@ class Trainer:
         c = self.cfg
         return rl_step(self.model, self.optimizer, None, groups, c.rl, self.tokenizer, pad_id, token_normalizer,
                        valid_tools=valid_tools, temperature=c.rollout.temperature, compute_dtype=self.compute_dtype,
-                       reference=reference, ranks=self.ranks)
+                       reference=reference, ranks=self.ranks, replay=self.replay)
 
     def _sft_epoch(self, data, pad_id, epoch):
         ws = self.cfg.warm_start
@@ -166,6 +167,16 @@ def _keyed_by_name(optim_sd: dict) -> bool:
     plain `optimizer.state_dict()` (keyed by position)."""
     groups = optim_sd.get("param_groups") or []
     return bool(groups) and all(isinstance(p, str) for g in groups for p in g.get("params", []))
+
+
+def router_replay_for(model: torch.nn.Module):
+    """A RouterReplay of a MoE model (None for dense models)."""
+    from carl.systems.router_replay import RouterReplay
+
+    try:
+        return RouterReplay(model)
+    except ValueError:
+        return None
 
 
 class _Saved:
