@@ -153,10 +153,11 @@ def test_a_weight_update_lands_while_requests_run_and_their_versions_say_so(setu
         store.push(engine, published)
         gens = [f.result() for f in futures]
     store.push(reference, published)
-    for g in gens:
+    for g in gens:  # (a generation that finished before the update has one span of the old version)
         assert sum(n for _, n in g.versions) == len(g.token_ids) == 400
-        assert g.versions[-1][0] == version  # the rest was sampled by the new weights
-    assert any(len(g.versions) == 2 and g.versions[0][0] == version - 1 for g in gens)
+        assert [v for v, _ in g.versions] in ([version - 1], [version - 1, version], [version])
+    # at least one ran across the update: its first tokens from the old weights, the rest from the new
+    assert any([v for v, _ in g.versions] == [version - 1, version] for g in gens)
 
 
 def test_a_dead_server_is_restarted_at_the_current_weights(setup):

@@ -137,3 +137,13 @@ def test_a_failing_worker_reaches_the_trainer():
 def test_a_bad_mode_is_an_error_naming_the_field():
     with pytest.raises(ValueError, match="rollout.stale"):
         Orchestrator(FakeEpisodes().submit, 4, [0, 1, 2, 3], G, T, 0, "hurry", 0, 0)
+
+
+def test_groups_that_are_always_too_old_stop_the_run_instead_of_rolling_out_forever():
+    ep = FakeEpisodes(episode_s=0.005)  # the engine never follows: every group samples at version 0
+    orch = _orchestrator(ep, S=0, stale="drop")
+    orch.take(0)
+    orch.set_version(1)  # the trainer moved on, the engine did not (ep.version stays 0)
+    with pytest.raises(RuntimeError, match="not following the trainer's weights"):
+        orch.take(1)
+    orch.stop()

@@ -13,7 +13,9 @@ ray = pytest.importorskip("ray")
 
 from carl.engine.base import SamplingParams  # noqa: E402
 from carl.engine.config import EngineConfig  # noqa: E402
+from carl.engine.hf import load_model  # noqa: E402
 from carl.engine.vllm import VLLMEngine  # noqa: E402
+from carl.engine.weights import WeightStore  # noqa: E402
 from carl.harness.agent import EpisodeLimits  # noqa: E402
 from carl.rewards.monitor import MonitorConfig  # noqa: E402
 from carl.rewards.shaping import ShapingConfig  # noqa: E402
@@ -40,14 +42,21 @@ def world(tmp_path_factory):
                        engine.url, str(model), 4096, 0, SamplingParams(1.0))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     workers = RayWorkers(spec, actors=2, per_actor=2, cpus_per_actor=0.5)
-    yield tasks, workers
+    store = WeightStore(root / "weights", torch.float32)
+    trainer = load_model(model, torch.float32)[1]
+
+    def new_version(version: int) -> None:  # what the trainer does after a step: the engine follows
+        store.push(engine, store.publish(trainer, version))
+
+    new_version(0)
+    yield tasks, workers, new_version
     workers.close()
     ray.shutdown()
     engine.close()
 
 
 def test_two_ray_actors_complete_rl_steps(world):
-    tasks, workers = world
+    tasks, workers, new_version = world
     orch = Orchestrator(workers.submit, len(tasks), list(range(len(tasks))), group_size=2, tasks_per_step=2,
                         max_staleness=0, stale="pace", start_pos=0, start_version=0).start()
     try:
@@ -55,6 +64,8 @@ def test_two_ray_actors_complete_rl_steps(world):
             got = orch.take(step)
             assert len(got.groups) == 2 and all(len(g.rollouts) == 2 for g in got.groups)
             assert all(r.valid and r.trajectory.num_generated_tokens > 0 for g in got.groups for r in g.rollouts)
+            assert all(g.min_version == step for g in got.groups)
+            new_version(step + 1)
             orch.set_version(step + 1)
     finally:
         orch.stop()
@@ -63,14 +74,14 @@ def test_two_ray_actors_complete_rl_steps(world):
 
 
 def test_killing_an_actor_mid_step_loses_no_rollout(world):
-    tasks, workers = world
+    tasks, workers, _ = world
     orch = Orchestrator(workers.submit, len(tasks), list(range(len(tasks))), group_size=4, tasks_per_step=2,
-                        max_staleness=0, stale="pace", start_pos=0, start_version=0).start()
+                        max_staleness=0, stale="pace", start_pos=0, start_version=2).start()
     try:
         time.sleep(1.0)  # episodes are in flight on both actors
         victim = workers.actors[0]
         os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
-        got = orch.take(0)
+        got = orch.take(2)  # the engine holds version 2 after the first test's steps
     finally:
         orch.stop()
     assert workers.replaced >= 1

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from carl.engine.base import EngineError, EngineStats, SamplingParams, WeightSyncError
+from carl.engine.base import DefaultSampling, EngineError, EngineStats, SamplingParams, WeightSyncError
 from carl.engine.batching import Request, RequestBatcher, RoutingRecorder, SamplerStats, decode_loop
 from carl.engine.prefix_cache import PrefixCache
 from carl.engine.streams import EpisodeStream
@@ -119,7 +119,7 @@ class HFEngineConfig:
         return None if self.device == "cpu" and self.dtype == "float32" else "eager"
 
 
-class HFEngine:
+class HFEngine(DefaultSampling):
     """Batched, seeded sampling from a local HF causal LM in this process; thread-safe `generate`.
 
     `weights_dir`: the trainer's weight store (`carl.engine.weights.WeightStore`), read by
@@ -137,7 +137,7 @@ class HFEngine:
         self.sampler_stats = SamplerStats()  # the batcher's time since the last take_stats()
         self.stats = EngineStats()  # what the callers saw (the same measure as every engine's)
         self.routing_recorder = routing_recorder
-        self.default_sampling = SamplingParams(config.temperature, config.top_p)
+        super().__init__(SamplingParams(config.temperature, config.top_p))  # `sampling()`: carl.engine.base
         self.follower = VersionFollower(DirectoryTransport(weights_dir)) if weights_dir is not None else None
         self.prefix_cache = PrefixCache(0 if routing_recorder is not None else config.resolved_prefix_cache_tokens())
         self.heap = HeapTrimmer(config.heap_trim_s)
@@ -204,17 +204,6 @@ class HFEngine:
             self.prefix_cache.clear()  # states computed with the old weights
             self.policy_version = self.policy_version + 1 if version is None else version
             return self.policy_version
-
-    @contextlib.contextmanager
-    def sampling(self, temperature: float, top_p: float | None = None):
-        """Requests without their own parameters sample at another temperature (and top-p) inside
-        the block, e.g. for evaluation; requests already submitted keep theirs."""
-        previous = self.default_sampling
-        self.default_sampling = SamplingParams(temperature, previous.top_p if top_p is None else top_p)
-        try:
-            yield self
-        finally:
-            self.default_sampling = previous
 
     def take_stats(self) -> SamplerStats:
         """The sampler's time split (prefill, decode, merge) since the last call, and start afresh."""

@@ -65,6 +65,8 @@ class VLLMEngine(DefaultSampling):
                                      config.max_restarts, log)
             self.server.start()
         self._check_extension()
+        if self.server is not None:  # a server carl started holds the model folder's weights: version 0
+            self._post("/update_weight_version", {"new_version": "0"})  # (a shared one keeps its label)
 
     @property
     def url(self) -> str:
@@ -173,6 +175,7 @@ class VLLMEngine(DefaultSampling):
                 if not self.server.alive():
                     self.server.restart(str(e))
                     self._check_extension()
+                    self._post("/update_weight_version", {"new_version": "0"})
                     if self._loaded is not None:  # back to the trainer's version, from the store
                         self._load(self._loaded)
             return self._post(path, body)

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,9 +122,9 @@ class VLLMServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== carl: starting vLLM (restart {self.restarts}) ====\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.spec.argv(python, self.port), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.proc = _launch(self.spec.argv(python, self.port), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         _LIVE.add(self)
         _stop_on_sigterm()
         self._wait_healthy(t0)
@@ -209,6 +210,21 @@ def _port_free(host: str, port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+def _launch(argv: list[str], **popen) -> subprocess.Popen:
+    """Popen from one long-lived launcher thread. PR_SET_PDEATHSIG fires when the *thread* that
+    forked the child exits, not the process: a server restarted from an episode thread would get
+    SIGTERM when the episode pool shuts down. The launcher thread lives as long as carl does."""
+    global _LAUNCHER
+    with _LAUNCH_LOCK:
+        if _LAUNCHER is None:
+            _LAUNCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carl-vllm-launcher")
+        return _LAUNCHER.submit(subprocess.Popen, argv, **popen).result()
+
+
+_LAUNCHER: ThreadPoolExecutor | None = None
+_LAUNCH_LOCK = threading.Lock()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -35,6 +35,9 @@ from carl.rollout.buffer import Group, GroupBuffer
 from carl.rollout.rollout import Rollout, has_signal
 
 STALE_MODES = ("pace", "drop")
+MAX_DROPS_PER_STEP = 4
+"""A step that dropped this many batches' worth of too-old groups stops the run with an error
+instead of rolling out forever (an engine stuck at an old version would never catch up)."""
 
 
 @dataclass
@@ -101,6 +104,12 @@ class Orchestrator:
                     self._cond.notify_all()
                 if step - group.min_version > self.S:
                     dropped += 1
+                    if dropped > MAX_DROPS_PER_STEP * self.T:
+                        raise RuntimeError(
+                            f"step {step}: {dropped} groups in a row arrived more than rollout.max_staleness="
+                            f"{self.S} versions old (the last one sampled at version {group.min_version}): the "
+                            "engine is not following the trainer's weights, or rollouts take longer than "
+                            "max_staleness steps; raise rollout.max_staleness or use rollout.stale=pace")
                     self._allow(1)
                     continue
                 groups.append(group)
