@@ -13,7 +13,8 @@ from carl.config import load_config
 from carl.harness.tools import default_tools
 from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, load_model, pad_token_id
 from carl.train.config import TrainConfig
-from carl.train.loop import episode_limits, resolve_model_path, set_trainable
+from carl.harness.agent import EpisodeLimits
+from carl.train.loop import resolve_model_path, set_trainable
 from carl.train.step import rl_step
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -31,7 +32,7 @@ def test_every_config_parses_and_names_known_tools():
     for path in paths:
         cfg = load_config(TrainConfig, path)
         assert set(cfg.tools) <= set(default_tools()), path.name
-        episode_limits(cfg)  # the limits are valid EpisodeLimits
+        assert isinstance(cfg.limits, EpisodeLimits)  # validated by EpisodeLimits itself
 
 
 def test_default_toml_is_the_bare_default():

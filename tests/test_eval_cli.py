@@ -92,14 +92,14 @@ def test_eval_with_a_run_config_scores_as_that_run_and_flags_still_win(micro_tas
 def test_a_runs_eval_wall_time_replaces_its_episode_limit_in_evals_only():
     from carl.config import load_config
     from carl.train.config import TrainConfig
-    from carl.train.loop import episode_limits, eval_limits
+    from carl.train.loop import eval_limits
 
     run = load_config(TrainConfig, None, ["limits.wall_time_s=300"])
     assert eval_limits(run).wall_time_s == 3600  # the default: one they never reach
     run = load_config(TrainConfig, None, ["limits.wall_time_s=300", "eval.wall_time_s=0"])
     assert eval_limits(run).wall_time_s == 300  # 0: the run's limit
     run = load_config(TrainConfig, None, ["limits.wall_time_s=300", "eval.wall_time_s=7200"])
-    assert eval_limits(run).wall_time_s == 7200 and episode_limits(run).wall_time_s == 300
+    assert eval_limits(run).wall_time_s == 7200 and run.limits.wall_time_s == 300
     with pytest.raises(Exception, match="eval.wall_time_s: got -1"):
         load_config(TrainConfig, None, ["eval.wall_time_s=-1"])
 

@@ -72,7 +72,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     task_sets = load_task_sets(cfg, run_dir, console)
     eval_tasks = task_sets["eval"]
     tools = {name: tool for name, tool in default_tools().items() if name in cfg.tools}
-    limits = episode_limits(cfg)
+    limits = cfg.limits
     model_path = resolve_model_path(cfg.model.path)
     trainer = Trainer(cfg, model_path)  # fp32 master weights, the optimizer; on N ranks under torchrun
     tokenizer, pad_id = trainer.tokenizer, pad_token_id(trainer.tokenizer)
@@ -319,13 +319,9 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"  # a report written before the field existed has none
 
 
-def episode_limits(cfg: TrainConfig) -> EpisodeLimits:
-    return cfg.limits
-
-
 def eval_limits(cfg: TrainConfig) -> EpisodeLimits:
     """An eval episode's limits: the run's, with `eval.wall_time_s` where set."""
-    limits = episode_limits(cfg)
+    limits = cfg.limits
     return replace(limits, wall_time_s=cfg.eval.wall_time_s) if cfg.eval.wall_time_s else limits
 
 

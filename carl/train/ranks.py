@@ -65,6 +65,12 @@ class Ranks:
         return box[0]
 
 
+def idle_micro_batch(model: torch.nn.Module, pad_id: int, device: torch.device) -> None:
+    """A forward and backward that change nothing, for a rank with fewer micro-batches than the
+    others: every rank must run the same FSDP collectives (all-gathers, reduce-scatters)."""
+    (model(input_ids=torch.full((1, 2), pad_id, device=device)).logits.sum() * 0.0).backward()
+
+
 def init_from_env() -> Ranks:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR... in the
     environment): NCCL with CUDA, gloo on CPU. Without torchrun: one rank, nothing to join."""

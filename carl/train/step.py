@@ -39,7 +39,7 @@ from carl.rl.self_distill import (
     topk_kl_loss,
 )
 from carl.train.config import RLConfig
-from carl.train.ranks import Ranks, merge_metrics
+from carl.train.ranks import Ranks, idle_micro_batch, merge_metrics
 from carl.train.reference import FullReference
 from carl.rollout.rollout import Rollout
 
@@ -88,9 +88,8 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     totals = {"loss/grpo": 0.0, "loss/kl": 0.0, "loss/self_distill": 0.0}
     mismatch: dict[str, float] = {}  # trainer vs rollout log-probs (carl.rl.mismatch)
     for micro in ranks.share(micro_batches(seqs, cfg.micro_batch_tokens)):
-        if micro is None:  # this rank has fewer micro-batches: run the same collectives for nothing
-            out_1 = model(input_ids=torch.full((1, 2), pad_id, device=device)).logits
-            (out_1.sum() * 0.0).backward()
+        if micro is None:  # this rank has fewer micro-batches than the others
+            idle_micro_batch(model, pad_id, device)
             continue
         ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
         mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from carl.engine.hf import load_model
+from carl.engine.hf import DTYPES, load_model
 from carl.systems.subscriber import published_state
 from carl.train.checkpoint import load_trainer_state, save_checkpoint
 from carl.train.config import TrainConfig
@@ -48,7 +48,7 @@ class Trainer:
         self.model = shard_model(model, self.ranks)
         self.optimizer = make_optimizer(cfg.rl.optimizer, self.model, cfg.rl.lr, cfg.rl.weight_decay,
                                         sharded=self.ranks.world > 1)
-        self.compute_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.model.dtype]
+        self.compute_dtype = DTYPES[cfg.model.dtype]
         self.replay = router_replay_for(self.model)  # MoE: train on the experts the engine routed to
 
     # ------------------------------------------------------------------ collectives (rank 0 drives)
@@ -118,9 +118,7 @@ class Trainer:
                             model_state=model_state)
 
     def _load(self, ckpt):
-        from carl.engine.hf import load_model as load
-
-        weights = load(Path(ckpt) / "model", torch.float32, "cpu")[1].state_dict()
+        weights = load_model(Path(ckpt) / "model", torch.float32, "cpu")[1].state_dict()
         optim = _Saved(None)
         _, trainer_state = load_trainer_state(ckpt, optim, None)
         self._set_state(weights, optim.state)
@@ -153,13 +151,8 @@ class Trainer:
             self.model.load_state_dict(weights)
             self.optimizer.load_state_dict(optim_sd)
             return
-        options = StateDictOptions(full_state_dict=True, strict=False)
-        if optim_sd is None:
-            set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights, optim_state_dict={},
-                           options=options)
-        else:
-            set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights, optim_state_dict=optim_sd,
-                           options=options)
+        set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights,
+                       optim_state_dict=optim_sd or {}, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def _keyed_by_name(optim_sd: dict) -> bool:

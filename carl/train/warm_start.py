@@ -23,7 +23,7 @@ from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
 from carl.rollout.rollout import Rollout, collect_groups
-from carl.train.ranks import Ranks
+from carl.train.ranks import Ranks, idle_micro_batch
 from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 
 
@@ -73,8 +73,8 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
         batch_loss = 0.0
         device = next(model.parameters()).device
         for micro in ranks.share(micro_batches(batch, micro_batch_tokens)):
-            if micro is None:  # this rank has fewer micro-batches: the same collectives for nothing
-                (model(input_ids=torch.full((1, 2), pad_id, device=device)).logits.sum() * 0.0).backward()
+            if micro is None:  # this rank has fewer micro-batches than the others
+                idle_micro_batch(model, pad_id, device)
                 continue
             ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
             mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
