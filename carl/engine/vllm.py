@@ -22,8 +22,10 @@ store's newest snapshot, and the failed requests are sent again. A server the us
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,9 +40,11 @@ from carl.harness.policies import Generation
 
 
 class VLLMEngine(DefaultSampling):
+    weight_names = "checkpoint"
+
     def __init__(self, model_path: str | Path, weights_dir: str | Path, config: EngineConfig, log_dir: str | Path,
                  max_model_len: int, seed: int = 0, sampling: SamplingParams = SamplingParams(),
-                 dtype: str = "bfloat16", log=print):
+                 dtype: str = "bfloat16", record_routes: bool = False, log=print):
         from transformers import AutoTokenizer
 
         super().__init__(sampling)
@@ -55,18 +59,22 @@ class VLLMEngine(DefaultSampling):
         self.client = httpx.Client(timeout=httpx.Timeout(config.request_timeout_s, connect=10.0),
                                    limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
         self.server: VLLMServer | None = None
+        self.record_routes = record_routes
+        self.log = log
+        self._warned_routes = False
         self._url = config.url.rstrip("/")
         if not config.url:
             spec = ServerSpec(model=str(model_path), dtype=dtype, max_model_len=max_model_len, port=config.port,
                               enforce_eager=config.enforce_eager, kv_cache_gb=config.kv_cache_gb,
                               gpu_memory_utilization=config.gpu_memory_utilization,
-                              cpu_threads=config.cpu_threads, seed=seed)
+                              cpu_threads=config.cpu_threads, seed=seed, record_routes=record_routes)
             self.server = VLLMServer(spec, Path(log_dir) / "vllm.log", config.start_timeout_s,
                                      config.max_restarts, log)
             self.server.start()
         self._check_extension()
         if self.server is not None:  # a server carl started holds the model folder's weights: version 0
             self._post("/update_weight_version", {"new_version": "0"})  # (a shared one keeps its label)
+        self._start_recording()
 
     @property
     def url(self) -> str:
@@ -86,12 +94,35 @@ class VLLMEngine(DefaultSampling):
                                   "detokenize": False, "skip_special_tokens": False}
         if seed is not None:
             params["seed"] = seed
-        body = {"token_ids": list(prompt_ids), "sampling_params": params, "output_mode": "tokens"}
+        request_id = uuid.uuid4().hex
+        body = {"token_ids": list(prompt_ids), "sampling_params": params, "output_mode": "tokens",
+                "request_id": request_id}
         with self.stats.request(len(prompt_ids)) as generated:
             data = self._post_retrying("/inference/v1/generate", body)
             gen = parse_generation(data, self.policy_version)
             generated.append(len(gen.token_ids))
+        if self.record_routes:
+            gen = dataclasses.replace(gen, routing=self._take_routes(request_id, len(prompt_ids) + len(gen.token_ids) - 1))
         return gen
+
+    def _start_recording(self) -> None:
+        if self.record_routes:
+            reply = self._rpc("carl_record_routes")
+            if "error" in reply:
+                raise EngineError(f"the vLLM engine at {self.url}: {reply['error']}")
+
+    def _take_routes(self, request_id: str, num_positions: int) -> dict[str, Any] | None:
+        """The request's routes (carl.engine.vllm_worker.RouteRecorder); None, and a warning once,
+        when the worker has none (a server restarted under the request)."""
+        routing = self._rpc("carl_take_routes", request_id)
+        if routing is None or routing["shape"][1] != num_positions:
+            if not self._warned_routes:
+                self._warned_routes = True
+                got = "none" if routing is None else f"{routing['shape'][1]} positions"
+                self.log(f"router replay: the vLLM engine recorded {got} for a request of {num_positions} "
+                         "positions; that generation trains with free routing")
+            return None
+        return routing
 
     def episode(self, key: str) -> EpisodeStream:
         return EpisodeStream(self, self.seed, key)
@@ -176,6 +207,7 @@ class VLLMEngine(DefaultSampling):
                     self.server.restart(str(e))
                     self._check_extension()
                     self._post("/update_weight_version", {"new_version": "0"})
+                    self._start_recording()
                     if self._loaded is not None:  # back to the trainer's version, from the store
                         self._load(self._loaded)
             return self._post(path, body)

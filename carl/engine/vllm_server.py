@@ -64,6 +64,9 @@ class ServerSpec:
     cpu_threads: int = 0
     """CPU: OpenMP threads of the worker (0: vLLM's choice, one per core)."""
     seed: int = 0
+    record_routes: bool = False
+    """MoE router replay: no prefix caching (every position computed, so every position has its
+    routes) and, on GPU, no CUDA graphs (the worker's capture runs on the host each forward)."""
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -75,8 +78,10 @@ class ServerSpec:
                 "--no-enable-chunked-prefill", "--logprobs-mode", "processed_logprobs",
                 "--enable-scale-out", "--worker-extension-cls", WORKER_EXTENSION,
                 "--seed", str(self.seed), "--disable-uvicorn-access-log"]
-        if self.enforce_eager:
+        if self.enforce_eager or self.record_routes:
             args.append("--enforce-eager")
+        if self.record_routes:
+            args.append("--no-enable-prefix-caching")
         if has_cuda():
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         return args + list(self.extra_args)

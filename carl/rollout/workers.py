@@ -54,6 +54,8 @@ class EpisodeSpec:
     max_model_len: int
     seed: int
     sampling: Any
+    record_routes: bool = False
+    """MoE router replay: fetch each generation's expert routes from the engine's worker."""
 
 
 class RolloutActor:
@@ -68,7 +70,7 @@ class RolloutActor:
         self.spec = spec
         self.engine = VLLMEngine(spec.model_path, "", EngineConfig(url=spec.engine_url), "",
                                  max_model_len=spec.max_model_len, seed=spec.seed, sampling=spec.sampling,
-                                 log=lambda m: None)
+                                 record_routes=spec.record_routes, log=lambda m: None)
         self.tools = {n: t for n, t in default_tools().items() if n in spec.tool_names}
 
     def run(self, task_index: int, sample_index: int, version: int) -> Rollout:

@@ -182,6 +182,10 @@ class RLConfig:
     clip_eps_high: float = 0.28
     is_ratio_cap: float = 2.0
     """Truncated importance sampling cap for rollouts from an older or numerically different policy."""
+    router_replay: bool = True
+    """MoE models: the engine records the experts it routed each token to and the trainer's forward
+    uses them (carl.systems.router_replay). Off: the trainer routes by itself, and the vLLM engine
+    keeps its prefix cache (recording turns it off, so that every position is computed)."""
     grpo_weight: float = 1.0
     sd_weight: float = 0.0
     """Weight of the self-distillation loss (0 turns it off; the GPU configs use 0.5). Off by

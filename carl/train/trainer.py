@@ -49,7 +49,8 @@ class Trainer:
         self.optimizer = make_optimizer(cfg.rl.optimizer, self.model, cfg.rl.lr, cfg.rl.weight_decay,
                                         sharded=self.ranks.world > 1)
         self.compute_dtype = DTYPES[cfg.model.dtype]
-        self.replay = router_replay_for(self.model)  # MoE: train on the experts the engine routed to
+        # MoE: train on the experts the engine routed to
+        self.replay = router_replay_for(self.model) if cfg.rl.router_replay else None
 
     # ------------------------------------------------------------------ collectives (rank 0 drives)
 
@@ -60,9 +61,11 @@ class Trainer:
     def sft_epoch(self, data: list, pad_id: int, epoch: int) -> list[float]:
         return self._run("sft_epoch", data, pad_id, epoch)
 
-    def full_state(self) -> dict[str, torch.Tensor]:
-        """Every published parameter, unsharded, on rank 0 ({} on the others)."""
-        return self._run("full_state")
+    def full_state(self, checkpoint_names: bool = False) -> dict[str, torch.Tensor]:
+        """Every published parameter, unsharded, on rank 0 ({} on the others). `checkpoint_names`: as
+        the model's checkpoint files name them (transformers fuses some tensors when it loads, e.g.
+        a MoE layer's experts into one `experts.gate_up_proj`; vLLM's loader takes the files' names)."""
+        return self._run("full_state", checkpoint_names)
 
     def save(self, run_dir: Path, step: int, state: RunState) -> None:
         self._run("save", run_dir, step, state)
@@ -101,15 +104,17 @@ class Trainer:
         return sft_epoch(self.model, self.optimizer, data, pad_id, ws.batch_size, self.cfg.rl.micro_batch_tokens,
                          self.cfg.rl.grad_clip, rng, compute_dtype=self.compute_dtype, ranks=self.ranks)
 
-    def _full_state(self):
+    def _full_state(self, checkpoint_names=False):
         if self.ranks.world == 1:
-            return published_state(self.model)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            state = published_state(self.model)
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        torch.distributed.barrier()  # gloo: the next collective after a cpu_offload gather aborts without it
-        names = set(dict(self.model.named_parameters()))  # tied weights once, as published_state
-        return {k: v for k, v in full.items() if k in names} if self.ranks.rank == 0 else {}
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            torch.distributed.barrier()  # gloo: the next collective after a cpu_offload gather aborts without it
+            names = set(dict(self.model.named_parameters()))  # tied weights once, as published_state
+            state = {k: v for k, v in full.items() if k in names} if self.ranks.rank == 0 else {}
+        return checkpoint_state(self.model, state) if checkpoint_names and state else state
 
     def _save(self, run_dir, step, state):
         model_state, optim_state = self._gathered_state()
@@ -160,6 +165,15 @@ def _keyed_by_name(optim_sd: dict) -> bool:
     plain `optimizer.state_dict()` (keyed by position)."""
     groups = optim_sd.get("param_groups") or []
     return bool(groups) and all(isinstance(p, str) for g in groups for p in g.get("params", []))
+
+
+def checkpoint_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` (the model's parameters by name) named and shaped as in its checkpoint files: what
+    `save_pretrained` writes (transformers' reverse weight conversion; the identity for most dense
+    models)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(model, dict(state))
 
 
 def router_replay_for(model: torch.nn.Module):
