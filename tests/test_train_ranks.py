@@ -87,16 +87,69 @@ def test_the_micro_batches_of_a_rank_are_its_share_padded_to_equal_length():
     assert Ranks(0, 1).share([1, 2]) == [1, 2]
 
 
-def test_self_distillation_on_several_ranks_is_refused_naming_the_fields():
-    with pytest.raises(ValueError, match="rl.sd_weight"):
-        rl_step(_model(), None, None, _groups(0), RLConfig(sd_weight=0.5), None, 0, 64.0, ranks=Ranks(0, 2))
+def _sd_model(tokenizer) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _train_sd_kl(rank: int, world: int, out: str) -> None:
+    """3 steps with self-distillation and the KL penalty: groups of one solved and one failed
+    recorded rollout (the failed one's error turns are the teacher contexts), unevenly spread over
+    micro-batches, so that ranks differ in which micro-batches have teacher turns."""
+    from tiny_hf import tiny_tokenizer
+    from train_fakes import TOOLS, failed_rollout, solved_rollout
+
+    from carl.train.reference import FullReference
+
+    tok = tiny_tokenizer()
+    ranks = Ranks.current()
+    model = shard_model(_sd_model(tok), ranks)
+    reference = _sd_model(tok).requires_grad_(False)
+    reference = FullReference(shard_model(reference, ranks) if ranks.world > 1 else reference)
+    opt = make_optimizer("adamw", model, lr=1e-2, weight_decay=0.0, sharded=ranks.world > 1)
+    cfg = RLConfig(lr=1e-2, micro_batch_tokens=160, grad_clip=0.5, sd_weight=0.5, kl_coef=0.1, route_by_outcome=False)
+    groups = [[solved_rollout(tok), failed_rollout(tok)], [failed_rollout(tok), solved_rollout(tok)],
+              [solved_rollout(tok), failed_rollout(tok)]]
+    losses = []
+    for _ in range(STEPS):
+        m = rl_step(model, opt, None, groups, cfg, tok, tok.pad_token_id, 64.0, reference=reference,
+                    valid_tools=TOOLS, ranks=ranks)
+        losses.append((m["loss/grpo"], m["loss/kl"], m["loss/self_distill"], m["rl/grad_norm"]))
+    if ranks.world > 1:
+        from carl.systems.meshes import full_state_dict
+
+        state = full_state_dict(model)
+    else:
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"losses": losses, "state": state}, out)
+
+
+@pytest.mark.distributed
+def test_self_distillation_and_kl_on_two_ranks_match_one_rank(tmp_path):
+    torch.set_num_threads(1)
+    _train_sd_kl(0, 1, str(tmp_path / "one.pt"))
+    run_on_cpu_ranks(_train_sd_kl, 2, str(tmp_path / "two.pt"))
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert all(sd > 0 for _, _, sd, _ in one["losses"])  # self-distillation ran
+    assert any(kl != 0 for _, kl, _, _ in one["losses"][1:])  # the policy left the reference
+    for a, b in zip(one["losses"], two["losses"]):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-6)
+    for name, w in one["state"].items():
+        torch.testing.assert_close(two["state"][name], w, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
 def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     """`torchrun --nproc-per-node 2 -m carl.cli train ...` on CPU (gloo): warm start, RL steps and evals
-    with the model sharded over both ranks; its checkpoint then resumes on one rank (one format)."""
+    with the model sharded over both ranks (and the KL reference, and self-distillation on); its
+    checkpoint then resumes on one rank (one format)."""
     import json
     import os
     import subprocess
@@ -118,7 +171,7 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
                  "limits.context_budget_tokens=20000", "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0",
                  "warm_start.wrong_edit=0", "warm_start.skip_read=1",
                  "rl.steps=2", "rollout.group_size=2", "rollout.tasks_per_step=1", "rollout.max_extra_batches=0",
-                 "eval.samples_per_task=1", "rl.micro_batch_tokens=2000"]
+                 "eval.samples_per_task=1", "rl.micro_batch_tokens=2000", "rl.kl_coef=0.05", "rl.sd_weight=0.5"]
     save_config(load_config(TrainConfig, None, overrides), tmp_path / "cfg.toml")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -128,6 +181,8 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2]
+    assert all("kl/kl" in r for r in rows if "rl/reward_mean" in r)  # the sharded KL reference ran
+    assert "sharded over 2 ranks" in res.stdout
     assert json.loads((run / "report.json").read_text()).keys() == {"warm_start", "rl"}
     # the 2-rank checkpoint trains on on one rank (the same checkpoint format)
     one = [sys.executable, "-m", "carl.cli", "train", str(run / "config.toml"), "rl.steps=3", "--extend"]

@@ -46,7 +46,6 @@ from carl.tasks import TaskRecord, load_tasks
 from carl.train.checkpoint import latest_checkpoint
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
-from carl.train.reference import load_reference
 from carl.train.ranks import init_from_env
 from carl.train.state import RunState
 from carl.train.trainer import Trainer, follow
@@ -139,11 +138,8 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     """RL steps until rl.steps (or rl.max_wall_s), rollouts produced ahead by the orchestrator within
     rollout.max_staleness versions (0: synchronous; see carl.rollout.orchestrator)."""
     token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
-    reference = None  # the KL anchor: the weights RL started from, the same on resume
-    if cfg.rl.kl_coef > 0:
-        start = run_dir / "checkpoints" / "step_000000" / "model"
-        reference = load_reference(start, trainer.model, cfg.model.trainable_layers, cfg.model.device)
-        console.print(f"KL reference: {reference.describe()}")
+    if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
+        console.print(f"KL reference: {trainer.load_reference(run_dir / 'checkpoints' / 'step_000000' / 'model')}")
     workers = make_workers(cfg, policy, rl_tasks, limits, tools)
     orchestrator = Orchestrator(workers.submit, len(rl_tasks), task_order(len(rl_tasks), cfg.seed),
                                 cfg.rollout.group_size, cfg.rollout.tasks_per_step, cfg.rollout.max_staleness,
@@ -158,7 +154,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             groups = [g.rollouts for g in taken.groups]
             require_valid([r for g in groups for r in g], f"RL step {step + 1}")
             t_rollout = time.monotonic() - t0
-            metrics = trainer.rl_step(groups, token_normalizer, tuple(tools), reference, pad_id)
+            metrics = trainer.rl_step(groups, token_normalizer, tuple(tools), pad_id)
             t_train = time.monotonic() - t0 - t_rollout
             metrics.update(sync_weights(store, policy, trainer, step + 1))
             orchestrator.set_version(step + 1)  # rollouts for later steps may start now

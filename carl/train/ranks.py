@@ -65,10 +65,24 @@ class Ranks:
         return box[0]
 
 
-def idle_micro_batch(model: torch.nn.Module, pad_id: int, device: torch.device) -> None:
+def idle_micro_batch(model: torch.nn.Module, pad_id: int, device: torch.device,
+                     extra_forwards: tuple[torch.nn.Module, ...] = ()) -> None:
     """A forward and backward that change nothing, for a rank with fewer micro-batches than the
-    others: every rank must run the same FSDP collectives (all-gathers, reduce-scatters)."""
-    (model(input_ids=torch.full((1, 2), pad_id, device=device)).logits.sum() * 0.0).backward()
+    others: every rank must run the same FSDP collectives (all-gathers, reduce-scatters), in the
+    same order. `extra_forwards`: the sharded models the other ranks run between a micro-batch's
+    forward and its backward (the KL reference, the self-distillation teacher)."""
+    ids = torch.full((1, 2), pad_id, device=device)
+    loss = model(input_ids=ids).logits.sum() * 0.0
+    for other in extra_forwards:
+        idle_forward(other, pad_id, device)
+    loss.backward()
+
+
+@torch.no_grad()
+def idle_forward(model: torch.nn.Module, pad_id: int, device: torch.device) -> None:
+    """A no-grad forward of a sharded model whose result nobody needs: its all-gathers, for a rank
+    that has nothing to run through it in a micro-batch where the other ranks do."""
+    model(input_ids=torch.full((1, 2), pad_id, device=device))
 
 
 def init_from_env() -> Ranks:

@@ -39,7 +39,7 @@ from carl.rl.self_distill import (
     topk_kl_loss,
 )
 from carl.train.config import RLConfig
-from carl.train.ranks import Ranks, idle_micro_batch, merge_metrics
+from carl.train.ranks import Ranks, idle_forward, idle_micro_batch, merge_metrics
 from carl.train.reference import FullReference
 from carl.rollout.rollout import Rollout
 
@@ -67,9 +67,6 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     `reference` (needed when cfg.kl_coef > 0; a frozen model or carl.train.reference's form of
     one) anchors the KL penalty. On N `ranks` (an FSDP2-sharded model, the same `groups` on every
     rank) each rank trains its share of the micro-batches (carl.train.ranks)."""
-    if ranks.world > 1 and (cfg.sd_weight > 0 or cfg.kl_coef > 0):
-        raise ValueError(f"rl.sd_weight / rl.kl_coef: self-distillation and the KL penalty run on one trainer "
-                         f"rank only so far, got {ranks.world} ranks")
     if cfg.kl_coef > 0 and reference is None:
         raise ValueError(f"rl.kl_coef={cfg.kl_coef} needs a reference model (the weights RL started from)")
     if cfg.kl_coef == 0:
@@ -87,9 +84,13 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     device = next(model.parameters()).device  # batches are built on the CPU, then moved
     totals = {"loss/grpo": 0.0, "loss/kl": 0.0, "loss/self_distill": 0.0}
     mismatch: dict[str, float] = {}  # trainer vs rollout log-probs (carl.rl.mismatch)
+    # N ranks: every micro-batch runs the same sharded forwards on every rank, in this order:
+    # policy, KL reference, self-distillation teacher, then the backward (idle ones where a rank has none)
+    in_step = ((reference.model,) if reference is not None else ()) + ((teacher,) if cfg.sd_weight > 0 else ())
+    lockstep = ranks.world > 1
     for micro in ranks.share(micro_batches(seqs, cfg.micro_batch_tokens)):
         if micro is None:  # this rank has fewer micro-batches than the others
-            idle_micro_batch(model, pad_id, device)
+            idle_micro_batch(model, pad_id, device, in_step)
             continue
         ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
         mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
@@ -141,6 +142,8 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
             totals["loss/self_distill"] += float(sd.detach())
             _accumulate(metrics, {f"sd/{k}": v for k, v in sm.items()}, weight=sm["num_tokens"])
             loss = loss + sd
+        elif lockstep and cfg.sd_weight > 0:  # no teacher turns here; other ranks may have some
+            idle_forward(teacher, pad_id, device)
         (loss * ranks.world).backward()  # FSDP averages gradients over ranks: this makes it their sum
 
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)

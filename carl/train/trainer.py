@@ -51,12 +51,18 @@ class Trainer:
         self.compute_dtype = DTYPES[cfg.model.dtype]
         # MoE: train on the experts the engine routed to
         self.replay = router_replay_for(self.model) if cfg.rl.router_replay else None
+        self.reference: Any = None  # the KL anchor (load_reference)
 
     # ------------------------------------------------------------------ collectives (rank 0 drives)
 
-    def rl_step(self, groups: list, token_normalizer: float, valid_tools: tuple[str, ...], reference: Any = None,
+    def rl_step(self, groups: list, token_normalizer: float, valid_tools: tuple[str, ...],
                 pad_id: int = 0) -> dict[str, float]:
-        return self._run("rl_step", groups, token_normalizer, valid_tools, reference, pad_id)
+        return self._run("rl_step", groups, token_normalizer, valid_tools, pad_id)
+
+    def load_reference(self, path: Path) -> str:
+        """The KL reference (the weights RL started from, in the model folder `path`), on every rank;
+        rl_step uses it from now on. Returns what it is, in words."""
+        return self._run("load_reference", path)
 
     def sft_epoch(self, data: list, pad_id: int, epoch: int) -> list[float]:
         return self._run("sft_epoch", data, pad_id, epoch)
@@ -92,11 +98,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ what each rank does
 
-    def _rl_step(self, groups, token_normalizer, valid_tools, reference, pad_id):
+    def _rl_step(self, groups, token_normalizer, valid_tools, pad_id):
         c = self.cfg
         return rl_step(self.model, self.optimizer, None, groups, c.rl, self.tokenizer, pad_id, token_normalizer,
                        valid_tools=valid_tools, temperature=c.rollout.temperature, compute_dtype=self.compute_dtype,
-                       reference=reference, ranks=self.ranks, replay=self.replay)
+                       reference=self.reference, ranks=self.ranks, replay=self.replay)
+
+    def _load_reference(self, path):
+        from carl.train.reference import FullReference, load_reference
+
+        if self.ranks.world == 1:
+            self.reference = load_reference(path, self.model, self.cfg.model.trainable_layers, self.cfg.model.device)
+        else:  # sharded like the policy; every rank runs its forward in each micro-batch (carl.train.step)
+            reference = load_model(path, torch.float32, next(self.model.parameters()).device)[1].requires_grad_(False)
+            self.reference = FullReference(shard_model(reference, self.ranks))
+        return self.reference.describe() + (f", sharded over {self.ranks.world} ranks" if self.ranks.world > 1 else "")
 
     def _sft_epoch(self, data, pad_id, epoch):
         ws = self.cfg.warm_start
