@@ -149,7 +149,7 @@ def test_self_distillation_and_kl_on_two_ranks_match_one_rank(tmp_path):
 def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     """`torchrun --nproc-per-node 2 -m carl.cli train ...` on CPU (gloo): warm start, RL steps and evals
     with the model sharded over both ranks (and the KL reference, and self-distillation on); its
-    checkpoint then resumes on one rank (one format)."""
+    checkpoint (the optimizer's state in DCP shards) then resumes on one rank."""
     import json
     import os
     import subprocess
@@ -171,7 +171,8 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
                  "limits.context_budget_tokens=20000", "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0",
                  "warm_start.wrong_edit=0", "warm_start.skip_read=1",
                  "rl.steps=2", "rollout.group_size=2", "rollout.tasks_per_step=1", "rollout.max_extra_batches=0",
-                 "eval.samples_per_task=1", "rl.micro_batch_tokens=2000", "rl.kl_coef=0.05", "rl.sd_weight=0.5"]
+                 "eval.samples_per_task=1", "rl.micro_batch_tokens=2000", "rl.kl_coef=0.05", "rl.sd_weight=0.5",
+                 "checkpoint_optimizer=sharded"]
     save_config(load_config(TrainConfig, None, overrides), tmp_path / "cfg.toml")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -183,6 +184,7 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2]
     assert all("kl/kl" in r for r in rows if "rl/reward_mean" in r)  # the sharded KL reference ran
     assert "sharded over 2 ranks" in res.stdout
+    assert (run / "checkpoints" / "step_000002" / "optimizer" / ".metadata").is_file()  # DCP shards of 2 ranks
     assert json.loads((run / "report.json").read_text()).keys() == {"warm_start", "rl"}
     # the 2-rank checkpoint trains on on one rank (the same checkpoint format)
     one = [sys.executable, "-m", "carl.cli", "train", str(run / "config.toml"), "rl.steps=3", "--extend"]
@@ -190,3 +192,38 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("checkpoint_optimizer", ["full", "sharded"])
+def test_a_checkpoint_resumes_to_the_same_weights_as_training_on(checkpoint_optimizer, tmp_path):
+    """Exact resume through Trainer.save / Trainer.load, with the optimizer state in trainer.pt
+    ("full") or in torch.distributed.checkpoint shards ("sharded", <checkpoint>/optimizer/)."""
+    from tiny_hf import save_tiny_model
+
+    from carl.config import load_config
+    from carl.train.checkpoint import latest_checkpoint
+    from carl.train.config import TrainConfig
+    from carl.train.state import RunState
+    from carl.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    model = save_tiny_model(tmp_path / "tiny")
+    cfg = load_config(TrainConfig, None, [f"model.path={model}", "model.dtype=float32", "model.trainable_layers=0",
+                                          f"checkpoint_optimizer={checkpoint_optimizer}", "rl.lr=1e-2"])
+
+    def step(trainer, i):
+        return trainer.rl_step(_groups(i), 64.0, (), 0)["loss/total"]
+
+    straight = Trainer(cfg, model)
+    want = [step(straight, i) for i in range(3)]
+    first = Trainer(cfg, model)
+    [step(first, i) for i in range(2)]
+    first.save(tmp_path / "run", 2, RunState(phase="rl", rl_step=2))
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert (ckpt / "optimizer").is_dir() == (checkpoint_optimizer == "sharded")
+    resumed = Trainer(cfg, model)
+    assert resumed.load(ckpt).rl_step == 2
+    assert step(resumed, 2) == pytest.approx(want[2], rel=1e-6)
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp-*"))

@@ -4,6 +4,8 @@ Layout under `<run_dir>/checkpoints/`:
   step_000012/         one complete checkpoint (written as step_000012.tmp-*, then renamed)
     model/             a Hugging Face folder (save_pretrained, safetensors) + tokenizer
     trainer.pt         optimizer, scheduler, RNG states, trainer state (step, data position, ...)
+    optimizer/         instead of trainer.pt's optimizer: its state sharded over the trainer ranks
+                       (torch.distributed.checkpoint; checkpoint_optimizer = "sharded")
   latest               the name of the newest complete checkpoint (atomically replaced)
 
 A crash while writing leaves only a *.tmp-* directory that resume ignores, so at most the
@@ -37,7 +39,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
                     trainer_state: dict[str, Any], keep: int = 2, pinned: tuple[int, ...] = (0,),
-                    model_state: dict[str, torch.Tensor] | None = None) -> Path:
+                    model_state: dict[str, torch.Tensor] | None = None, sharded_optimizer: Path | None = None) -> Path:
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
@@ -46,6 +48,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=model_state)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
+    if sharded_optimizer is not None:  # written by every rank (sharded_optimizer_dir), moved in whole
+        Path(sharded_optimizer).rename(tmp / "optimizer")
     torch.save(
         {
             "step": step,
@@ -68,6 +72,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     for stale in ckpt_root.glob("step_*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def sharded_optimizer_dir(run_dir: str | Path, step: int) -> Path:
+    """A fresh directory for the ranks' optimizer shards of checkpoint `step`, before save_checkpoint
+    moves it into the checkpoint (left behind by a crash, the next save removes it)."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"step_{step:06d}.tmp-optimizer-", dir=ckpt_root))
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

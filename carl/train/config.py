@@ -304,6 +304,10 @@ class TrainConfig:
     (each needs its package installed; asking for a missing one is a one-line error)."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many RL steps (and after the last)."""
+    checkpoint_optimizer: str = "full"
+    """"full": the optimizer's state gathered to rank 0 into trainer.pt; "sharded": each trainer rank
+    writes its shards with torch.distributed.checkpoint (`<checkpoint>/optimizer/`), for optimizer
+    states larger than one host's memory. Either resumes on any number of ranks."""
 
     RENAMED = {"rl.tool_error_cost": "shaping.tool_error_cost", "rl.require_finish": "shaping.require_finish"}
     """Keys of older run configs and where they live now (`carl.config.load_config` moves them)."""
@@ -314,3 +318,5 @@ class TrainConfig:
             raise ValueError(f"tracking: got {bad[0]!r}, expected some of ['tensorboard', 'wandb', 'trackio']")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every: got {self.checkpoint_every}, expected >= 1")
+        if self.checkpoint_optimizer not in ("full", "sharded"):
+            raise ValueError(f"checkpoint_optimizer: got {self.checkpoint_optimizer!r}, expected 'full' or 'sharded'")

@@ -11,8 +11,10 @@ runs it, so all ranks call the same collectives in the same order. On one rank n
 
 Checkpoints have one format whatever the number of ranks (a Hugging Face model folder and the
 optimizer's full state keyed by parameter name, torch.distributed.checkpoint's state-dict API),
-so a run resumes on another number of ranks. Gathering full states to rank 0 suits models that
-fit one host's memory; sharded DCP directories for larger ones are not written yet.
+so a run resumes on another number of ranks. `checkpoint_optimizer = "sharded"` keeps the
+optimizer's state (2 fp32 tensors per parameter with AdamW: the largest part) sharded: every rank
+writes its shards with torch.distributed.checkpoint, which any number of ranks reads back. The
+model itself is gathered to rank 0 either way (rank 0 publishes it to the engines every step).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from carl.engine.hf import DTYPES, load_model
 from carl.systems.subscriber import published_state
-from carl.train.checkpoint import load_trainer_state, save_checkpoint
+from carl.train.checkpoint import load_trainer_state, save_checkpoint, sharded_optimizer_dir
 from carl.train.config import TrainConfig
 from carl.train.ranks import Ranks, make_optimizer, shard_model
 from carl.train.state import RunState
@@ -133,16 +135,31 @@ class Trainer:
         return checkpoint_state(self.model, state) if checkpoint_names and state else state
 
     def _save(self, run_dir, step, state):
-        model_state, optim_state = self._gathered_state()
+        if self.cfg.checkpoint_optimizer == "sharded":
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+            shards = Path(self.ranks.broadcast(str(sharded_optimizer_dir(run_dir, step)) if self.ranks.rank == 0 else None))
+            dcp.save({"optim": get_optimizer_state_dict(self.model, self.optimizer.optimizers)}, checkpoint_id=str(shards))
+            model_state, optim_state = self._gathered_state(optimizer=False)
+        else:
+            shards, (model_state, optim_state) = None, self._gathered_state()
         if self.ranks.rank == 0:
             save_checkpoint(run_dir, step, self.model, self.tokenizer, _Saved(optim_state), None, state.to_dict(),
-                            model_state=model_state)
+                            model_state=model_state, sharded_optimizer=shards)
 
     def _load(self, ckpt):
         weights = load_model(Path(ckpt) / "model", torch.float32, "cpu")[1].state_dict()
         optim = _Saved(None)
         _, trainer_state = load_trainer_state(ckpt, optim, None)
         self._set_state(weights, optim.state)
+        if (Path(ckpt) / "optimizer").is_dir():  # sharded: any number of ranks reads it (DCP reshards by name)
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+            optim_sd = get_optimizer_state_dict(self.model, self.optimizer.optimizers)  # this run's layout
+            dcp.load({"optim": optim_sd}, checkpoint_id=str(Path(ckpt) / "optimizer"))
+            set_optimizer_state_dict(self.model, self.optimizer.optimizers, optim_sd)
         return RunState.from_dict(trainer_state, where=str(ckpt))
 
     def _set_lr(self, lr):
@@ -152,19 +169,23 @@ class Trainer:
     def _clear_optimizer_state(self):
         self.optimizer.clear_state()
 
-    def _gathered_state(self) -> tuple[dict | None, dict]:
-        """(full model state or None for save_pretrained's own, full optimizer state keyed by name)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    def _gathered_state(self, optimizer: bool = True) -> tuple[dict | None, dict | None]:
+        """(full model state or None for save_pretrained's own, full optimizer state keyed by name or
+        None when not asked for)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
         full = self.ranks.world > 1
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer.optimizers,
-                                            options=StateDictOptions(full_state_dict=full, cpu_offload=full))
+        options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+        if optimizer:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer.optimizers, options=options)
+        else:
+            model_sd, optim_sd = (get_model_state_dict(self.model, options=options) if full else None), None
         if full:
             torch.distributed.barrier()
         return (model_sd if full else None), optim_sd
 
     def _set_state(self, weights: dict, optim_sd: dict | None) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
         if optim_sd is not None and not _keyed_by_name(optim_sd):  # a checkpoint from before this module
             if self.ranks.world > 1:
@@ -172,8 +193,12 @@ class Trainer:
             self.model.load_state_dict(weights)
             self.optimizer.load_state_dict(optim_sd)
             return
-        set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights,
-                       optim_state_dict=optim_sd or {}, options=StateDictOptions(full_state_dict=True, strict=False))
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        if optim_sd:
+            set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights, optim_state_dict=optim_sd,
+                           options=options)
+        else:  # the optimizer state comes from shards (_load), or there is none
+            set_model_state_dict(self.model, weights, options=options)
 
 
 def _keyed_by_name(optim_sd: dict) -> bool:
