@@ -30,8 +30,10 @@ from typing import Any, Literal
 
 import torch
 
+from carl.engine import lora
 from carl.engine.base import DefaultSampling, EngineError, EngineStats, SamplingParams, WeightSyncError
 from carl.engine.batching import Request, RequestBatcher, RoutingRecorder, SamplerStats, decode_loop
+from carl.engine.lora import LoRASpec
 from carl.engine.prefix_cache import PrefixCache
 from carl.engine.streams import EpisodeStream
 from carl.errors import UserError
@@ -63,6 +65,9 @@ class HFEngineConfig:
     """When idle, how long the batcher waits after a first request so concurrent ones share its prefill."""
     seed: int = 0
     """Seeds the per-request generators (request n uses seed * 1_000_003 + n)."""
+    lora: LoRASpec | None = None
+    """LoRA runs: the same adapters as the trainer's on the loaded model (the weights it follows
+    are the adapters; carl.engine.lora)."""
     attn_implementation: str = "auto"
     """Attention kernel of the sampler: "auto" picks "eager" except on CPU in fp32, where it leaves
     transformers' default ("sdpa"); or any name transformers accepts ("sdpa", "eager"). The sampler's
@@ -132,6 +137,8 @@ class HFEngine(DefaultSampling):
         self.config = config
         self.tokenizer, self.model = load_model(config.path, DTYPES[config.dtype], config.device,
                                                 config.resolved_attn_implementation())
+        if config.lora is not None:
+            self.model = lora.attach(self.model, config.lora).eval().requires_grad_(False)
         self.policy_version = 0
         self.num_forwards = 0  # model forwards (prefills and decode steps) so far
         self.num_requests = 0
@@ -192,7 +199,10 @@ class HFEngine(DefaultSampling):
         state = self.follower.state
         with self._between_generations():
             if changed:
-                load_into(self.model, state, changed)
+                params = dict(self.model.named_parameters())
+                if self.config.lora is not None:  # the adapters are what is published
+                    params = {n: p for n, p in params.items() if ".lora_" in n}
+                load_into(self.model, state, changed, params)
                 self.prefix_cache.clear()  # states computed with the old weights
             self.policy_version = version
         t2 = time.perf_counter()
@@ -275,9 +285,22 @@ def tensor_crcs(state: Mapping[str, torch.Tensor], names: set[str]) -> dict[str,
 
 def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu",
                attn_implementation: str | None = None) -> tuple[Any, Any]:
-    """(tokenizer, model in eval mode with gradients off) from a local HF folder; UserError if it is not one.
+    """(tokenizer, model in eval mode with gradients off) from a local HF folder, or from a LoRA
+    adapter folder (its base with the adapter merged; carl.engine.lora); UserError if it is neither.
     `attn_implementation` ("sdpa", "eager", ...) overrides transformers' default."""
     folder = Path(path)
+    from carl.engine.lora import adapter_base, is_adapter
+
+    if is_adapter(folder):  # a LoRA run's checkpoint: its base model with the adapter merged in
+        from peft import PeftModel
+
+        _, base = load_model(adapter_base(folder), dtype, device, attn_implementation)
+        model = PeftModel.from_pretrained(base, folder).merge_and_unload()
+        model.requires_grad_(False)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder if (folder / "tokenizer_config.json").is_file() else
+                                             adapter_base(folder)), model
     if not (folder / "config.json").is_file():
         raise UserError(
             f"model path {str(folder)!r} is not a Hugging Face model folder (no config.json); "

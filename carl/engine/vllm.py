@@ -23,6 +23,7 @@ store's newest snapshot, and the failed requests are sent again. A server the us
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 import time
 import uuid
@@ -37,6 +38,10 @@ from carl.engine.config import EngineConfig
 from carl.engine.streams import EpisodeStream
 from carl.engine.vllm_server import ServerSpec, VLLMServer
 from carl.harness.policies import Generation
+from carl.systems.subscriber import VersionFollower
+
+LORA_NAME = "carl-lora"
+"""The name the run's adapter is served under (the base model is served as "carl")."""
 
 
 class VLLMEngine(DefaultSampling):
@@ -44,7 +49,7 @@ class VLLMEngine(DefaultSampling):
 
     def __init__(self, model_path: str | Path, weights_dir: str | Path, config: EngineConfig, log_dir: str | Path,
                  max_model_len: int, seed: int = 0, sampling: SamplingParams = SamplingParams(),
-                 dtype: str = "bfloat16", record_routes: bool = False, log=print):
+                 dtype: str = "bfloat16", record_routes: bool = False, lora_rank: int = 0, log=print):
         from transformers import AutoTokenizer
 
         super().__init__(sampling)
@@ -60,6 +65,9 @@ class VLLMEngine(DefaultSampling):
                                    limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
         self.server: VLLMServer | None = None
         self.record_routes = record_routes
+        self.lora_rank = lora_rank  # > 0: the weights are a LoRA adapter, loaded at run time (_load_adapter)
+        self._adapters: VersionFollower | None = None
+        self._model: str | None = LORA_NAME if lora_rank and config.url else None  # the served adapter
         self.log = log
         self._warned_routes = False
         self._url = config.url.rstrip("/")
@@ -67,7 +75,8 @@ class VLLMEngine(DefaultSampling):
             spec = ServerSpec(model=str(model_path), dtype=dtype, max_model_len=max_model_len, port=config.port,
                               enforce_eager=config.enforce_eager, kv_cache_gb=config.kv_cache_gb,
                               gpu_memory_utilization=config.gpu_memory_utilization,
-                              cpu_threads=config.cpu_threads, seed=seed, record_routes=record_routes)
+                              cpu_threads=config.cpu_threads, seed=seed, record_routes=record_routes,
+                              lora_rank=lora_rank)
             self.server = VLLMServer(spec, Path(log_dir) / "vllm.log", config.start_timeout_s,
                                      config.max_restarts, log)
             self.server.start()
@@ -97,6 +106,8 @@ class VLLMEngine(DefaultSampling):
         request_id = uuid.uuid4().hex
         body = {"token_ids": list(prompt_ids), "sampling_params": params, "output_mode": "tokens",
                 "request_id": request_id}
+        if self._model is not None:
+            body["model"] = self._model
         with self.stats.request(len(prompt_ids)) as generated:
             data = self._post_retrying("/inference/v1/generate", body)
             gen = parse_generation(data, self.policy_version)
@@ -141,7 +152,8 @@ class VLLMEngine(DefaultSampling):
         t0 = time.perf_counter()
         self._post("/pause", None, params={"mode": "keep"})
         try:
-            reply = self._rpc("carl_load_version", self.weights_dir, str(version))
+            reply = self._load_adapter(version) if self.lora_rank else \
+                self._rpc("carl_load_version", self.weights_dir, str(version))
             if "error" in reply:
                 raise WeightSyncError(f"the vLLM engine could not load weights version {version}: {reply['error']}")
             if not self._post("/reset_prefix_cache", None, params={"reset_running_requests": "true"}).get("success"):
@@ -152,6 +164,50 @@ class VLLMEngine(DefaultSampling):
         self._loaded = self.policy_version = version
         reply["rpc_s"] = time.perf_counter() - t0
         return reply
+
+    def _load_adapter(self, version: int) -> dict[str, Any]:
+        """LoRA: follow the weights dir to `version` here (deltas, CRC-checked), write the adapters as
+        a PEFT folder, and have vLLM load it in place of the last one. The CRC-32s returned are of
+        the tensors read back from the folder vLLM loads."""
+        from safetensors.torch import load_file
+
+        from carl.engine.hf import tensor_crcs
+        from carl.engine.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, saved_name
+        from carl.systems.weight_transport import DirectoryTransport
+
+        t0 = time.perf_counter()
+        if self._adapters is None:
+            self._adapters = VersionFollower(DirectoryTransport(self.weights_dir))
+        changed = self._adapters.advance(version)
+        if self._adapters.version != version:
+            return {"error": f"cannot reach adapter version {version}: {self._adapters.last_error}"}
+        state = self._adapters.state
+        root = Path(self.weights_dir)
+        folder = root / "lora" / f"v{version:06d}"
+        tmp = folder.with_name(folder.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        from safetensors.torch import save_file
+
+        save_file({saved_name(n): t.contiguous() for n, t in state.items()}, str(tmp / ADAPTER_WEIGHTS))
+        (tmp / ADAPTER_CONFIG).write_text((root / ADAPTER_CONFIG).read_text())  # written by the trainer's side
+        shutil.rmtree(folder, ignore_errors=True)  # (written before, by a server that died since)
+        tmp.rename(folder)
+        on_disk = load_file(str(folder / ADAPTER_WEIGHTS))
+        crcs = tensor_crcs({n: on_disk[saved_name(n)] for n in state}, changed)
+        t1 = time.perf_counter()
+        body = {"lora_name": LORA_NAME, "lora_path": str(folder), "load_inplace": self._model is not None}
+        try:
+            r = self.client.post(self.url + "/v1/load_lora_adapter", json=body)  # answers text, not JSON
+        except httpx.TransportError as e:
+            raise EngineError(f"{self.url}/v1/load_lora_adapter: {type(e).__name__}: {e}") from None
+        if r.status_code != 200:
+            raise EngineError(f"the vLLM engine did not load the LoRA adapter of version {version} "
+                              f"(HTTP {r.status_code}: {r.text[:300]}); was it started with LoRA on?")
+        self._model = LORA_NAME
+        for old in sorted(p for p in (root / "lora").iterdir() if p.name < folder.name)[:-1]:
+            shutil.rmtree(old, ignore_errors=True)  # keep this version and the one before
+        return {"crc32": crcs, "version": version, "decode_s": t1 - t0, "load_s": time.perf_counter() - t1,
+                "tensors_changed": len(changed)}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -208,6 +264,7 @@ class VLLMEngine(DefaultSampling):
                     self._check_extension()
                     self._post("/update_weight_version", {"new_version": "0"})
                     self._start_recording()
+                    self._model = None  # a new server holds no adapter
                     if self._loaded is not None:  # back to the trainer's version, from the store
                         self._load(self._loaded)
             return self._post(path, body)

@@ -67,6 +67,8 @@ class ServerSpec:
     record_routes: bool = False
     """MoE router replay: no prefix caching (every position computed, so every position has its
     routes) and, on GPU, no CUDA graphs (the worker's capture runs on the host each forward)."""
+    lora_rank: int = 0
+    """LoRA runs: the adapters' rank (> 0 serves one run-time adapter, carl.engine.lora)."""
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -82,6 +84,9 @@ class ServerSpec:
             args.append("--enforce-eager")
         if self.record_routes:
             args.append("--no-enable-prefix-caching")
+        if self.lora_rank:  # vLLM takes max ranks from a fixed set: the smallest that holds ours
+            rank = min(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= self.lora_rank)
+            args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1"]
         if has_cuda():
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         return args + list(self.extra_args)
@@ -116,7 +121,7 @@ class VLLMServer:
         if self.spec.port and not _port_free(self.spec.host, self.spec.port):
             raise EngineError(f"engine.port: port {self.spec.port} on {self.spec.host} is in use; stop what "
                               "listens there or set engine.port=0 (a free port)")
-        env = {**os.environ, **self.spec.env, "VLLM_SERVER_DEV_MODE": "1",
+        env = {**os.environ, **self.spec.env, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "PYTHONPATH": os.pathsep.join([str(CARL_SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                "VLLM_CPU_KVCACHE_SPACE": str(self.spec.kv_cache_gb), "VLLM_LOGGING_COLOR": "0",
                "TOKENIZERS_PARALLELISM": "false"}

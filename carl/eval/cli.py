@@ -156,14 +156,18 @@ def _policy(args, run=None):
 
         return parse_policy(args.policy, temperature=args.temperature, seed=args.seed)
     path = Path(args.checkpoint)
-    if (path / "model" / "config.json").is_file():
+    if (path / "model" / "config.json").is_file() or (path / "model" / "adapter_config.json").is_file():
         path = path / "model"
-    if not (path / "config.json").is_file():
-        raise UserError(f"--checkpoint: {args.checkpoint!r} holds no model (expected config.json in it or in model/)")
+    if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
+        raise UserError(f"--checkpoint: {args.checkpoint!r} holds no model (expected config.json, or a LoRA "
+                        "adapter's adapter_config.json, in it or in model/)")
     from carl.engine.hf import HFEngine, HFEngineConfig
 
     if run is None:
         return HFEngine(HFEngineConfig(path=str(path), temperature=args.temperature, seed=args.seed))
     from carl.train.loop import sampler_config
 
-    return HFEngine(sampler_config(run, path, args.temperature, seed=args.seed))
+    import dataclasses
+
+    # a LoRA run's checkpoint loads merged (carl.engine.hf.load_model): no adapters on top
+    return HFEngine(dataclasses.replace(sampler_config(run, path, args.temperature, seed=args.seed), lora=None))

@@ -56,6 +56,8 @@ class EpisodeSpec:
     sampling: Any
     record_routes: bool = False
     """MoE router replay: fetch each generation's expert routes from the engine's worker."""
+    lora_rank: int = 0
+    """LoRA runs: sample with the run's adapter (carl.engine.vllm.LORA_NAME)."""
 
 
 class RolloutActor:
@@ -70,7 +72,7 @@ class RolloutActor:
         self.spec = spec
         self.engine = VLLMEngine(spec.model_path, "", EngineConfig(url=spec.engine_url), "",
                                  max_model_len=spec.max_model_len, seed=spec.seed, sampling=spec.sampling,
-                                 record_routes=spec.record_routes, log=lambda m: None)
+                                 record_routes=spec.record_routes, lora_rank=spec.lora_rank, log=lambda m: None)
         self.tools = {n: t for n, t in default_tools().items() if n in spec.tool_names}
 
     def run(self, task_index: int, sample_index: int, version: int) -> Rollout:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from carl.engine.config import EngineConfig
+from carl.engine.lora import LoRASpec
 from carl.harness.agent import EpisodeLimits
 from carl.rewards.monitor import MonitorConfig
 from carl.rewards.shaping import ShapingConfig
@@ -29,9 +30,24 @@ class ModelConfig:
     trainable_layers: int = 6
     """Train only the last N transformer blocks (+ final norm); 0 trains every parameter. The CPU
     default trains 6 of SmolLM2's 30 blocks: the backward pass then stops there, which makes a
-    step about 3x faster on 2 cores (measured), and the frozen tied embedding keeps the vocabulary."""
+    step about 3x faster on 2 cores (measured), and the frozen tied embedding keeps the vocabulary.
+    With LoRA: the blocks that get adapters."""
+    lora_rank: int = 0
+    """LoRA through PEFT (carl.engine.lora): > 0 trains only rank-`lora_rank` adapters on the
+    linear layers (the base stays frozen), sends only the adapters to the engines (vLLM loads
+    them at run time), and checkpoints hold adapter folders. 0: train the weights themselves.
+    One trainer rank (a team with one GPU)."""
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ()
+    """Module names that get adapters (PEFT target_modules); () = every linear layer but the head."""
+
+    def lora(self) -> LoRASpec | None:
+        return LoRASpec(self.lora_rank, self.lora_alpha, tuple(self.lora_targets), self.trainable_layers) \
+            if self.lora_rank > 0 else None
 
     def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            raise ValueError(f"model.lora_rank: got {self.lora_rank}, expected >= 0 (0 = no LoRA)")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"model.dtype: got {self.dtype!r}, expected 'bfloat16' or 'float32'")
         if self.trainable_layers < 0:

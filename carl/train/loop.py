@@ -103,6 +103,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     # ---------------------------------------------------------------- the engine, then RL and evals
     if state.phase != "done":  # a finished run only prints its report again
         policy, store = start_engine(cfg, model_path, run_dir, console)
+        if trainer.lora is not None:  # what a LoRA-loading engine needs next to the adapters' tensors
+            trainer.model.peft_config["default"].save_pretrained(str(store.root))
         try:
             sync_metrics = sync_weights(store, policy, trainer, state.rl_step)
             console.print(f"engine: {cfg.engine.kind} at weights version {state.rl_step} "
@@ -197,7 +199,8 @@ def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], l
         raise ConfigError("rollout.workers=ray: needs engine.kind=vllm (Ray actors reach the engine over HTTP)")
     spec = EpisodeSpec(rl_tasks, limits, tuple(tools), cfg.sandbox, cfg.monitor, cfg.shaping, policy.url,
                        str(resolve_model_path(cfg.model.path)), cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
-                       cfg.seed, policy.default_sampling, record_routes=policy.record_routes)
+                       cfg.seed, policy.default_sampling, record_routes=policy.record_routes,
+                       lora_rank=cfg.model.lora_rank)
     per_actor = max(1, -(-cfg.rollout.concurrency // cfg.rollout.ray_actors))
     return RayWorkers(spec, cfg.rollout.ray_actors, per_actor, cfg.rollout.ray_cpus_per_actor, cfg.rollout.ray_address)
 
@@ -220,7 +223,8 @@ def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, console: Con
         engine = VLLMEngine(model_path, store.root, cfg.engine, engine_dir,
                             max_model_len=cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
                             seed=cfg.seed, sampling=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p),
-                            dtype=cfg.model.dtype, record_routes=recorder is not None, log=console.print)
+                            dtype=cfg.model.dtype, record_routes=recorder is not None,
+                            lora_rank=cfg.model.lora_rank, log=console.print)
     return engine, store
 
 
@@ -325,7 +329,7 @@ def sampler_config(cfg: TrainConfig, path: str | Path, temperature: float,
     """A run's rollout sampler: its dtype, device and top-p, batching group_size x tasks_per_step requests."""
     return HFEngineConfig(path=str(path), dtype=cfg.model.dtype, device=cfg.model.device, temperature=temperature,
                           top_p=cfg.rollout.top_p, seed=cfg.seed if seed is None else seed,
-                          max_batch_size=cfg.rollout.group_size * cfg.rollout.tasks_per_step)
+                          max_batch_size=cfg.rollout.group_size * cfg.rollout.tasks_per_step, lora=cfg.model.lora())
 
 
 def resolve_model_path(path: str) -> Path:

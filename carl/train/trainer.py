@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
+from carl.engine import lora
 from carl.engine.hf import DTYPES, load_model
+from carl.errors import UserError
 from carl.systems.subscriber import published_state
 from carl.train.checkpoint import load_trainer_state, save_checkpoint, sharded_optimizer_dir
 from carl.train.config import TrainConfig
@@ -46,7 +48,14 @@ class Trainer:
         if self.ranks.world > 1 and device.startswith("cuda"):
             device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"  # torchrun: one GPU per rank
         self.tokenizer, model = load_model(model_path, torch.float32, device)  # fp32 master weights
-        set_trainable(model, cfg.model.trainable_layers)
+        self.lora = cfg.model.lora()
+        if self.lora is not None:  # only the adapters train (carl.engine.lora)
+            if self.ranks.world > 1:
+                raise UserError(f"model.lora_rank={cfg.model.lora_rank}: LoRA trains on one trainer rank; "
+                                f"this run has {self.ranks.world} (run without torchrun, or set model.lora_rank=0)")
+            model = lora.attach(model, self.lora)
+        else:
+            set_trainable(model, cfg.model.trainable_layers)
         self.model = shard_model(model, self.ranks)
         self.optimizer = make_optimizer(cfg.rl.optimizer, self.model, cfg.rl.lr, cfg.rl.weight_decay,
                                         sharded=self.ranks.world > 1)
@@ -123,6 +132,8 @@ class Trainer:
                          self.cfg.rl.grad_clip, rng, compute_dtype=self.compute_dtype, ranks=self.ranks)
 
     def _full_state(self, checkpoint_names=False):
+        if self.lora is not None:  # only the adapters travel
+            return lora.adapter_state(self.model)
         if self.ranks.world == 1:
             state = published_state(self.model)
         else:
@@ -149,7 +160,14 @@ class Trainer:
                             model_state=model_state, sharded_optimizer=shards)
 
     def _load(self, ckpt):
-        weights = load_model(Path(ckpt) / "model", torch.float32, "cpu")[1].state_dict()
+        if self.lora is not None:
+            if not lora.is_adapter(Path(ckpt) / "model"):
+                raise UserError(f"{ckpt}: not a LoRA checkpoint (model/ has no adapter); this run has "
+                                f"model.lora_rank={self.cfg.model.lora_rank}")
+            lora.load_adapter_into(self.model, Path(ckpt) / "model")
+            weights = self.model.state_dict()
+        else:
+            weights = load_model(Path(ckpt) / "model", torch.float32, "cpu")[1].state_dict()
         optim = _Saved(None)
         _, trainer_state = load_trainer_state(ckpt, optim, None)
         self._set_state(weights, optim.state)
