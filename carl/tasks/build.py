@@ -260,6 +260,11 @@ def _build(
             1 for t, o in run1.outcomes.items() if o != "skipped" and t not in selected
         )
         if not selected:
+            missing = missing_module(run1.output_tail)
+            if missing:
+                raise RepoFailure(f"no test passed twice: the tests import {missing!r}, which the environment lacks; "
+                                  "declare it in the package's dependencies or in the catalog entry's test_deps "
+                                  f"(installed: {', '.join(environment['requirements']) or 'none'})")
             raise RepoFailure(f"no test passed twice: {run1.output_tail[-400:]}")
 
         tests_of = invert_test_map(run2.coverage, selected)
@@ -460,3 +465,11 @@ def _catalog_entry(catalog: str | None, name: str) -> dict:
             if d.get("name", "").lower() == name.lower():
                 return d
     return {}
+
+
+def missing_module(output: str) -> str | None:
+    """The module a test run failed to import ("No module named 'x'"), or None."""
+    import re
+
+    m = re.search(r"No module named '([^']+)'", output)
+    return m.group(1) if m else None

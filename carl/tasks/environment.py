@@ -107,32 +107,100 @@ def site_packages(env: Path) -> Path:
     return next(env.glob("lib/python*/site-packages"))
 
 
-def repo_requirements(root: Path, test_deps: list[str]) -> list[str]:
-    """Runtime dependencies declared in pyproject.toml ([project] dependencies), plus test deps.
+TEST_EXTRAS = ("test", "tests", "testing")
 
-    Without a catalog entry, test deps default to pytest plus the `test`/`tests`/`testing`
-    optional-dependency groups.
+
+def repo_requirements(root: Path, test_deps: list[str]) -> list[str]:
+    """Runtime dependencies the repository declares, plus test deps.
+
+    Declared in any format (pyproject [project], setup.cfg, setup.py install_requires, poetry,
+    hatch, flit...): its build backend reports them (`declared_requirements`). Without a catalog
+    entry, test deps default to pytest plus the `test`/`tests`/`testing` extras.
     """
-    reqs: list[str] = []
-    pyproject = root / "pyproject.toml"
-    project: dict = {}
-    if pyproject.is_file():
-        try:
-            project = tomllib.loads(pyproject.read_text()).get("project", {})
-        except tomllib.TOMLDecodeError:
-            project = {}
-    reqs += [r for r in project.get("dependencies", []) if isinstance(r, str)]
+    runtime, extras = declared_requirements(root)
     if not test_deps:
-        test_deps = ["pytest"]
-        for group in ("test", "tests", "testing"):
-            test_deps += project.get("optional-dependencies", {}).get(group, [])
+        test_deps = ["pytest"] + [r for group in TEST_EXTRAS for r in extras.get(group, [])]
     seen: set[str] = set()
     out = []
-    for r in reqs + list(test_deps):
+    for r in runtime + list(test_deps):
         if r not in seen:
             seen.add(r)
             out.append(r)
     return out
+
+
+def declared_requirements(root: Path, timeout_s: float = 300.0) -> tuple[list[str], dict[str, list[str]]]:
+    """(runtime requirements, {extra: its requirements}) of the package in `root`, from the
+    metadata its build backend prepares (`pip install --dry-run --no-deps --report`), so every
+    declaration format counts; straight from pyproject.toml's [project] tables when they are
+    static (PEP 621: then they are the metadata) or when the backend fails (none, no network).
+    Requirement strings keep their environment markers (pip evaluates them)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    project = _pyproject_project(root)
+    static = bool(project) and not ({"dependencies", "optional-dependencies"} & set(project.get("dynamic", [])))
+    requires = None if static else _backend_requires_dist(root, timeout_s)  # PEP 621: static is the truth
+    if requires is None:
+        extras = {k: [r for r in v if isinstance(r, str)] for k, v in project.get("optional-dependencies", {}).items()}
+        return [r for r in project.get("dependencies", []) if isinstance(r, str)], extras
+    runtime: list[str] = []
+    extras: dict[str, list[str]] = {}
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        marker = str(req.marker) if req.marker else ""
+        groups = [g for g in _extras_of(marker)]
+        if not groups:
+            runtime.append(str(req))
+            continue
+        rest = _without_extra(marker)
+        plain = str(Requirement(str(req).split(";")[0])) + (f"; {rest}" if rest else "")
+        for g in groups:
+            extras.setdefault(g, []).append(plain)
+    return runtime, extras
+
+
+def _backend_requires_dist(root: Path, timeout_s: float) -> list[str] | None:
+    if not any((root / f).is_file() for f in ("pyproject.toml", "setup.py", "setup.cfg")):
+        return None
+    report = root.parent / f".carl-pip-report-{os.getpid()}-{root.name}.json"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q",
+             "--disable-pip-version-check", "--report", str(report), str(root)],
+            capture_output=True, text=True, timeout=timeout_s, check=False)
+        if proc.returncode != 0 or not report.is_file():
+            return None
+        installs = json.loads(report.read_text()).get("install", [])
+        return list(installs[0].get("metadata", {}).get("requires_dist", []) or []) if installs else None
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        return None
+    finally:
+        report.unlink(missing_ok=True)
+
+
+def _extras_of(marker: str) -> list[str]:
+    import re
+
+    return re.findall(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+
+
+def _without_extra(marker: str) -> str:
+    """The marker with its `extra == "..."` clauses removed (the rest: python_version, platform...)."""
+    import re
+
+    rest = re.sub(r"""\s*(and|or)?\s*extra\s*==\s*["'][^"']+["']\s*(and|or)?\s*""", " ", marker).strip()
+    rest = rest.strip("() ")
+    return "" if not rest or rest in ("and", "or") else rest
+
+
+def _pyproject_project(root: Path) -> dict:
+    try:
+        return tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
 
 
 def dist_name(root: Path) -> str:
