@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("carl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `carl tasks show ... | head`: the reader left; so do we, quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

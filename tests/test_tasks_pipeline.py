@@ -192,3 +192,32 @@ def test_one_worker_and_two_workers_validate_the_same_tasks(built, tmp_path):
     result = build_repo(str(repo), serial, dataclasses.replace(cfg, workers=1))
     assert result.status == "ok", result.error
     assert sorted(t.instance_id for t in load_tasks(serial)) == sorted(t.instance_id for t in load_tasks(out))
+
+
+def test_a_rerun_tries_again_a_source_that_failed_before_writing_tasks(tmp_path):
+    from carl.tasks.build import RepoResult
+
+    out = tmp_path / "tasks.jsonl"
+    record_finished(out, RepoResult("dir:/a", status="failed", error="EnvPrepError: ..."))
+    record_finished(out, RepoResult("dir:/b", status="failed", error="crashed mid-way", n_tasks=3))
+    record_finished(out, RepoResult("dir:/c", status="ok", n_tasks=5))
+    assert finished_specs(out) == {"dir:/b", "dir:/c"}  # /b wrote tasks: trying it again would repeat them
+    record_finished(out, RepoResult("dir:/a", status="ok", n_tasks=2))  # the fixed one, built on the rerun
+    assert finished_specs(out) == {"dir:/a", "dir:/b", "dir:/c"}
+
+
+def test_stats_sort_sizes_as_numbers_and_a_closed_pipe_is_quiet(built):
+    import subprocess
+    import sys
+
+    _, out, _, _ = built
+    text = subprocess.run([sys.executable, "-m", "carl.cli", "tasks", "stats", str(out)], capture_output=True,
+                          text=True, timeout=120).stdout
+    table = text[text.index("by size"):]
+    bins = [b for b in ("1-5", "6-20", "21-80", ">80") if b in table]
+    assert bins and [table.index(b) for b in bins] == sorted(table.index(b) for b in bins)
+    # the reader is gone before carl writes (as `| head` once it has its lines)
+    task = load_tasks(out)[0].instance_id
+    piped = subprocess.run(f"{sys.executable} -m carl.cli tasks show {task} --tasks {out} | true", shell=True,
+                           capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr

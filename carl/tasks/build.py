@@ -417,8 +417,11 @@ def split_test_command(command: str) -> tuple[tuple[str, ...], list[str]]:
 
 
 def finished_specs(out: Path) -> set[str]:
+    """Sources a rerun skips: those whose last build wrote tasks or finished. A source whose last
+    build failed before writing any task is tried again (the user may have fixed the cause)."""
     path = store_dir(out) / "repos.jsonl"
-    return {d["spec"] for d in read_jsonl(path)} if path.is_file() else set()
+    last = {d["spec"]: d for d in read_jsonl(path)} if path.is_file() else {}
+    return {spec for spec, d in last.items() if d.get("status") != "failed" or d.get("n_tasks", 0) > 0}
 
 
 def record_finished(out: Path, result: RepoResult) -> None:

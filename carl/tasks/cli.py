@@ -62,6 +62,7 @@ def _build(args: argparse.Namespace) -> int:
 
     from carl.errors import UserError
     from carl.tasks.build import BuildConfig, build_repo, check_sources, finished_specs, record_finished
+    from carl.tasks.store import store_dir
     from carl.tasks.report import summary_table
 
     try:
@@ -96,6 +97,8 @@ def _build(args: argparse.Namespace) -> int:
                 from carl.tasks.build import RepoResult
 
                 results.append(RepoResult(spec, name=spec, status="skipped"))
+                console.print(f"{spec}: skipped, built into {out} before (its line in {store_dir(out)}/repos.jsonl; "
+                              "a build that failed without tasks is tried again)")
                 continue
             bar = progress.add_task(spec, total=cfg.max_per_repo)
             result = build_repo(

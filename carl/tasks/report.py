@@ -18,7 +18,7 @@ SIZE_BINS = ((1, 5), (6, 20), (21, 80), (81, 10**9))
 def summary_table(results) -> Table:
     t = Table(title="carl tasks build")
     for col in ("repo", "status", "tasks", "tried", "drops", "tests kept", "wall s", "note"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # wrapped, never cut to "repo…" in a log or a narrow terminal
     for r in results:
         drops = ", ".join(f"{k} {v}" for k, v in sorted(r.drops.items()))
         t.add_row(
@@ -29,7 +29,7 @@ def summary_table(results) -> Table:
             drops or "-",
             str(r.n_tests),
             f"{r.wall_s:.0f}",
-            r.error[:80],
+            r.error[:400],
         )
     return t
 
@@ -47,7 +47,7 @@ def stats_tables(tasks: list[TaskRecord], tasks_path: str | Path) -> list[Table]
         table = Table(title=f"{len(tasks)} tasks {title}")
         table.add_column(title.split()[-1].strip("()"))
         table.add_column("tasks", justify="right")
-        for k, v in sorted(counts.items()):
+        for k, v in sorted(counts.items(), key=lambda kv: natural_key(kv[0])):  # "6-20" before "21-80"
             table.add_row(k, str(v))
         tables.append(table)
     drops_path = store_dir(tasks_path) / "drops.jsonl"
@@ -60,6 +60,13 @@ def stats_tables(tasks: list[TaskRecord], tasks_path: str | Path) -> list[Table]
             table.add_row(repo, reason, str(n))
         tables.append(table)
     return tables
+
+
+def natural_key(text: str) -> list:
+    """Sort key that orders the numbers inside `text` as numbers ("2" < "10", "6-20" < "21-80")."""
+    import re
+
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 def _size_bin(t: TaskRecord) -> str:
