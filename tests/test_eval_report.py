@@ -70,7 +70,7 @@ def test_infra_errors_say_why_unscored_samples_failed_per_task_overall_and_under
     assert list(r.summary()["infra_errors"].items()) == [(missing, 2), ("SandboxError: bwrap died", 1)]
     caption = render_table(r).caption
     assert caption.startswith("3 samples failed in the infrastructure") and f"2x {missing}" in caption
-    assert render_table(build_report("t", s[2:3], k=1)).caption is None  # nothing failed: no caption
+    assert "infrastructure" not in render_table(build_report("t", s[2:3], k=1)).caption  # nothing failed: the legend only
 
 
 def test_outcomes_and_digests_list_each_sample_in_order_with_infra_failures_marked():
@@ -93,3 +93,26 @@ def test_episode_digest_tells_apart_what_the_policy_wrote():
 
     assert episode_digest(traj("a", "b")) == episode_digest(traj("a", "b"))
     assert len({episode_digest(traj("a", "b")), episode_digest(traj("ab")), episode_digest(traj("a", "c"))}) == 3
+
+
+def test_the_tables_stay_readable_in_80_columns():
+    """In a log or an 80-column terminal nothing ends in "…": long task ids wrap, headers stay whole."""
+    from rich.console import Console
+
+    from carl.train.loop import print_final_report
+
+    long_id = "repo1003__calculator_ops-function-stub-2"
+    r = build_report("micro eval", [Sample(long_id, True, 1.0, 10, 3, 0, 1.0, stop_reason="finished")], k=1)
+    console = Console(width=80, record=True)
+    console.print(render_table(r))
+    summary = {"warm_start": {"k": 4, "pass@1": 0.389, "pass@4": 0.5, "tokens_per_task": 1234.0,
+                              "tool_calls_per_task": 3.4, "finish_rate": 0.95, "wall_s_per_task": 12.0}}
+    print_final_report(console, summary, __import__("pathlib").Path("/tmp/run"))
+    text = console.export_text()
+    assert "…" not in text
+    for header in ("passed", "pass@1", "tokens", "calls", "done", "wall s", "infra", "checkpoint", "warm_start"):
+        assert header in text, header
+    lines = text.splitlines()
+    body = lines[next(i for i, line in enumerate(lines) if "───" in line) + 1:]
+    wrapped = "".join(line.split()[0] for line in body[:next(i for i, line in enumerate(body) if not line.strip())])
+    assert wrapped == long_id  # the task column's lines, read down: every character of the id

@@ -61,9 +61,10 @@ def compare(args: argparse.Namespace) -> int:
         d = paired_difference(*reports)
     except ValueError as e:
         raise UserError(str(e)) from e
+    from carl.eval.report import add_columns
+
     changed = Table(title="tasks whose pass rate changed (passes / paired samples)")
-    for col in ("task", "a", "b"):
-        changed.add_column(col, justify="left" if col == "task" else "right")
+    add_columns(changed, ("task", "a", "b"), "task")
     for task_id, passes_a, passes_b, n in d.per_task:
         if passes_a != passes_b:
             changed.add_row(task_id, f"{passes_a}/{n}", f"{passes_b}/{n}")

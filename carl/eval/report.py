@@ -146,14 +146,27 @@ def render_table(report: BenchReport):
     if errors:  # unscored samples: say why under the table, the most common reasons first
         shown = "; ".join(f"{n}x {e}" for e, n in list(errors.items())[:3])
         table.caption = f"{sum(errors.values())} samples failed in the infrastructure and are not scored: {shown}"
-    cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "tool calls", "finished", "wall s", "infra")
-    for col in cols:
-        table.add_column(col, justify="left" if col == "task" else "right")
+    cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "calls", "done", "wall s", "infra")
+    add_columns(table, cols, "task")
+    table.caption = "\n".join(filter(None, [table.caption, "calls: tool calls per sample; done: fraction that called finish"]))
     for t in report.tasks:
         table.add_row(t.task_id, str(t.n), str(t.passed), f"{t.pass_at_1:.2f}", f"{t.pass_at_k:.2f}",
                       f"{t.mean_tokens:.0f}", f"{t.mean_tool_calls:.1f}", f"{t.finish_rate:.2f}", f"{t.mean_wall_s:.1f}",
                       str(t.infra_failures))
     return table
+
+
+def add_columns(table, cols, text_col: str) -> None:
+    """Columns that stay readable in an 80-column terminal or a log: numbers keep their header's
+    width, the text column (task ids, checkpoint names) wraps instead of ending in "…"."""
+    from rich.box import SIMPLE_HEAD
+
+    table.box, table.pad_edge, table.collapse_padding = SIMPLE_HEAD, False, True
+    for col in cols:
+        if col == text_col:
+            table.add_column(col, justify="left", overflow="fold")
+        else:
+            table.add_column(col, justify="right", min_width=len(col), no_wrap=True)
 
 
 def _mean(xs: list[float]) -> float:

@@ -302,10 +302,12 @@ def run_eval(name: str, policy: Engine, cfg: TrainConfig, tasks, tools, console,
 def print_final_report(console: Console, summary: dict[str, dict], run_dir: Path) -> None:
     from rich.table import Table
 
+    from carl.eval.report import add_columns
+
     table = Table(title="carl train: held-out micro tasks")
-    cols = ["checkpoint", "pass@1", "pass@k", "tokens/task", "tool calls/task", "finished", "wall s/task"]
-    for c in cols:
-        table.add_column(c, justify="left" if c == "checkpoint" else "right")
+    cols = ["checkpoint", "pass@1", "pass@k", "tokens", "calls", "done", "wall s"]
+    add_columns(table, cols, "checkpoint")
+    table.caption = "per task: tokens, tool calls, wall s; done: fraction of samples that called finish"
     for name, s in summary.items():
         k = s["k"]
         table.add_row(name, f"{s['pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['tokens_per_task']:.0f}",
