@@ -10,7 +10,7 @@ from tiny_hf import save_tiny_model
 
 from carl.config import load_config
 from carl.engine.hf import HFEngine, HFEngineConfig, load_model
-from carl.engine.lora import LoRASpec, adapter_state, attach, is_adapter, write_adapter
+from carl.engine.lora import LoRASpec, adapter_config, adapter_state, attach, is_adapter, write_adapter
 from carl.micro.world import build_micro_tasks
 from carl.train.config import TrainConfig
 from carl.train.loop import train
@@ -28,7 +28,7 @@ def test_an_adapter_folder_loads_merged_and_equals_the_peft_model(tmp_path):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
-    folder = write_adapter(tmp_path / "adapter", adapter_state(model), model.peft_config["default"], base_dir)
+    folder = write_adapter(tmp_path / "adapter", adapter_state(model), adapter_config(model.peft_config["default"], base_dir))
     assert is_adapter(folder)
     _, merged = load_model(folder, torch.float32)
     ids = torch.tensor([[5, 17, 40, 99, 3]])

@@ -54,13 +54,18 @@ def _train(rank: int, world: int, optimizer: str, out: str) -> None:
     for step in range(STEPS):
         m = rl_step(model, opt, None, _groups(step), cfg, None, 0, token_normalizer=64.0, ranks=ranks)
         losses.append((m["loss/total"], m["rl/grad_norm"], m["grpo/num_tokens"]))
+    _save_run(model, ranks, losses, out)
+
+
+def _save_run(model, ranks, losses, out: str) -> None:
+    """Rank 0 writes the losses and the full (gathered) weights of a rank run to `out`."""
     if ranks.world > 1:
         from carl.systems.meshes import full_state_dict
 
         state = full_state_dict(model)
     else:
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if rank == 0:
+    if ranks.rank == 0:
         torch.save({"losses": losses, "state": state}, out)
 
 
@@ -120,14 +125,7 @@ def _train_sd_kl(rank: int, world: int, out: str) -> None:
         m = rl_step(model, opt, None, groups, cfg, tok, tok.pad_token_id, 64.0, reference=reference,
                     valid_tools=TOOLS, ranks=ranks)
         losses.append((m["loss/grpo"], m["loss/kl"], m["loss/self_distill"], m["rl/grad_norm"]))
-    if ranks.world > 1:
-        from carl.systems.meshes import full_state_dict
-
-        state = full_state_dict(model)
-    else:
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if rank == 0:
-        torch.save({"losses": losses, "state": state}, out)
+    _save_run(model, ranks, losses, out)
 
 
 @pytest.mark.distributed

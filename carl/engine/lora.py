@@ -5,9 +5,9 @@
                                   `top_layers` blocks, 0 = all), B = 0 so it starts as the base
     adapter_state(model)       -> the adapters' tensors by parameter name: what the trainer publishes
                                   (carl.engine.weights) and what HFEngine's own PEFT model loads
-    write_adapter(dir, state, spec, base)
+    write_adapter(dir, state, adapter_config(peft config, base))
                                -> a PEFT adapter folder (adapter_config.json, adapter_model.safetensors):
-                                  a checkpoint's model/ folder, and what vLLM loads at run time
+                                  what vLLM loads at run time (a checkpoint's model/ is PEFT's own)
     load_model(adapter folder) (carl.engine.hf) loads its base and merges the adapter
 
 Needs the `peft` package (`pip install carl-rl[lora]`); asking for LoRA without it is a one-line error.
@@ -66,18 +66,28 @@ def saved_name(name: str) -> str:
     return name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
 
 
-def write_adapter(folder: str | Path, state: dict[str, torch.Tensor], config: Any, base: str | Path) -> Path:
-    """A PEFT adapter folder from `state` (adapter_state's names) and the model's LoRA config."""
+def write_adapter(folder: str | Path, state: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    """A PEFT adapter folder from `state` (adapter_state's names) and its adapter_config.json
+    content (`adapter_config`), written whole or not at all (a temporary folder, then a rename)."""
+    import shutil
+
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({saved_name(n): t.contiguous().cpu() for n, t in state.items()}, str(folder / ADAPTER_WEIGHTS))
-    config_d = config.to_dict()
-    config_d["base_model_name_or_path"] = str(Path(base).resolve())
-    config_d = {k: sorted(v) if isinstance(v, set) else v for k, v in config_d.items()}
-    (folder / ADAPTER_CONFIG).write_text(json.dumps(config_d, indent=2))
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({saved_name(n): t.contiguous().cpu() for n, t in state.items()}, str(tmp / ADAPTER_WEIGHTS))
+    (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
     return folder
+
+
+def adapter_config(peft_config: Any, base: str | Path) -> dict[str, Any]:
+    """adapter_config.json's content for a PEFT model's LoRA config over the base model folder `base`."""
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in peft_config.to_dict().items()}
+    return {**config, "base_model_name_or_path": str(Path(base).resolve())}
 
 
 def is_adapter(folder: str | Path) -> bool:

@@ -23,6 +23,7 @@ store's newest snapshot, and the failed requests are sent again. A server the us
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import threading
 import time
@@ -172,7 +173,7 @@ class VLLMEngine(DefaultSampling):
         from safetensors.torch import load_file
 
         from carl.engine.hf import tensor_crcs
-        from carl.engine.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, saved_name
+        from carl.engine.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, saved_name, write_adapter
         from carl.systems.weight_transport import DirectoryTransport
 
         t0 = time.perf_counter()
@@ -183,15 +184,8 @@ class VLLMEngine(DefaultSampling):
             return {"error": f"cannot reach adapter version {version}: {self._adapters.last_error}"}
         state = self._adapters.state
         root = Path(self.weights_dir)
-        folder = root / "lora" / f"v{version:06d}"
-        tmp = folder.with_name(folder.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        from safetensors.torch import save_file
-
-        save_file({saved_name(n): t.contiguous() for n, t in state.items()}, str(tmp / ADAPTER_WEIGHTS))
-        (tmp / ADAPTER_CONFIG).write_text((root / ADAPTER_CONFIG).read_text())  # written by the trainer's side
-        shutil.rmtree(folder, ignore_errors=True)  # (written before, by a server that died since)
-        tmp.rename(folder)
+        config = json.loads((root / ADAPTER_CONFIG).read_text())  # written by the trainer's side
+        folder = write_adapter(root / "lora" / f"v{version:06d}", state, config)
         on_disk = load_file(str(folder / ADAPTER_WEIGHTS))
         crcs = tensor_crcs({n: on_disk[saved_name(n)] for n in state}, changed)
         t1 = time.perf_counter()
