@@ -399,3 +399,32 @@ def test_prepare_env_shares_by_requirements_and_excludes_the_package(tmp_path, m
     assert prepare_env([], exclude=[]) == shared
     without_pip = prepare_env([], exclude=["pip"])  # installed by venv: a separate env without it
     assert without_pip != shared and installed_dists(without_pip, ["pip"]) == []
+
+
+def test_stub_removes_the_bodys_comments_but_not_its_neighbours(tmp_path):
+    """Comments inside the deleted body (hints, old commented-out code) go with it; the docstring,
+    a comment inside the signature and the comments of the code that follows stay."""
+    src = (
+        "def scale(\n"
+        "    x,  # the input\n"
+        "):\n"
+        '    """Scale x."""\n'
+        "\n"
+        "    # hint: three times, then two more\n"
+        "    y = 3 * x\n"
+        "    return y + 2\n"
+        "    # old: return 3 * x + 1\n"
+        "\n"
+        "\n"
+        "# helpers below\n"
+        "def other():\n"
+        "    return 1\n"
+    )
+    root = write_repo(tmp_path, {"p/__init__.py": "", "p/m.py": src})
+    layout = detect_layout(root)
+    d = next(d for d in all_definitions(root, layout) if d.qualname == "scale")
+    apply_deletion(root, Candidate("function", (d,), frozenset()), "stub", layout)
+    text = (root / "p/m.py").read_text()
+    assert "hint" not in text and "old:" not in text and "3 * x" not in text
+    assert "# the input" in text and '"""Scale x."""' in text and "# helpers below\ndef other():" in text
+    assert f'"""Scale x."""\n\n    {STUB_BODY}\n\n\n# helpers below' in text

@@ -122,8 +122,36 @@ def _line_offsets(data: bytes) -> list[int]:
 
 
 def _stub_edit(root: Path, d: Definition) -> Edit:
-    offs = _line_offsets((root / d.file).read_bytes())
-    return offs[d.body_start - 1], offs[d.end], f"{d.body_indent}{STUB_BODY}\n".encode()
+    data = (root / d.file).read_bytes()
+    offs = _line_offsets(data)
+    start, end = stub_span(data.splitlines(), d)
+    return offs[start - 1], offs[end], f"{d.body_indent}{STUB_BODY}\n".encode()
+
+
+def stub_span(lines: list[bytes], d: Definition) -> tuple[int, int]:
+    """The lines (1-based, inclusive) a stub replaces: the body's statements, and the comments of
+    the body around them (between the docstring or header and the first statement, and after the
+    last one at the body's indentation or deeper), which would otherwise be left as hints."""
+    start, end, indent = d.body_start, d.end, len(d.body_indent)
+
+    def comment_or_blank(i: int) -> bool:
+        text = lines[i - 1].strip()
+        return not text or text.startswith(b"#")
+
+    i = start - 1  # between the header or docstring and the first statement: only comments and blanks
+    while i >= 1 and comment_or_blank(i):
+        if lines[i - 1].strip():
+            start = i
+        i -= 1
+    j = end
+    while j < len(lines) and comment_or_blank(j + 1):
+        j += 1
+        line = lines[j - 1]
+        if line.strip() and len(line) - len(line.lstrip()) >= indent:
+            end = j  # a comment inside the body after its last statement
+        elif line.strip():
+            break  # a comment at an outer level belongs to what follows
+    return start, end
 
 
 def _methods_of(root: Path, cls: Definition) -> list[Definition]:
