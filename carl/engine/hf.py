@@ -199,9 +199,8 @@ class HFEngine(DefaultSampling):
         state = self.follower.state
         with self._between_generations():
             if changed:
-                params = dict(self.model.named_parameters())
-                if self.config.lora is not None:  # the adapters are what is published
-                    params = {n: p for n, p in params.items() if ".lora_" in n}
+                # LoRA: the adapters are what is published
+                params = lora.adapter_params(self.model) if self.config.lora is not None else None
                 load_into(self.model, state, changed, params)
                 self.prefix_cache.clear()  # states computed with the old weights
             self.policy_version = version
@@ -294,13 +293,15 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu",
     if is_adapter(folder):  # a LoRA run's checkpoint: its base model with the adapter merged in
         from peft import PeftModel
 
-        _, base = load_model(adapter_base(folder), dtype, device, attn_implementation)
+        base_path = adapter_base(folder)
+        tokenizer, base = load_model(base_path, dtype, device, attn_implementation)
         model = PeftModel.from_pretrained(base, folder).merge_and_unload()
         model.requires_grad_(False)
-        from transformers import AutoTokenizer
+        if (folder / "tokenizer_config.json").is_file():  # a checkpoint saves the run's tokenizer beside it
+            from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(folder if (folder / "tokenizer_config.json").is_file() else
-                                             adapter_base(folder)), model
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        return tokenizer, model
     if not (folder / "config.json").is_file():
         raise UserError(
             f"model path {str(folder)!r} is not a Hugging Face model folder (no config.json); "

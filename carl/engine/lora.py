@@ -56,9 +56,14 @@ def attach(model: Any, spec: LoRASpec) -> Any:
     return _peft().get_peft_model(model, spec.peft_config(model))
 
 
+def adapter_params(model: Any) -> dict[str, torch.nn.Parameter]:
+    """The adapters' parameters by the PEFT model's names."""
+    return {n: p for n, p in model.named_parameters() if ".lora_" in n}
+
+
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:
     """The adapters' tensors by the PEFT model's parameter names (detached)."""
-    return {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n}
+    return {n: p.detach() for n, p in adapter_params(model).items()}
 
 
 def saved_name(name: str) -> str:
