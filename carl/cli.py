@@ -10,6 +10,8 @@ defines `register(subparsers)`; those modules import nothing heavy at module lev
     carl train [CONFIG] [a.b=value ...]
     carl eval --checkpoint DIR --tasks FILE
     carl engine setup|serve    vLLM's environment, a vLLM server for carl
+    carl serve ...             the agent as an HTTP service for a team (sessions, feedback store)
+    carl online CONFIG         retrain the served model from production feedback, gate, deploy
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ GROUPS = {
     "train": "carl.train.cli",
     "eval": "carl.eval.cli",
     "engine": "carl.engine.cli",
+    "serve/online": "carl.online.cli",  # registers both commands
 }
 
 

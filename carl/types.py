@@ -100,6 +100,10 @@ class Turn:
     segment: int = 0  # which context segment this turn belongs to
     is_summary: bool = False  # this assistant message is a self-summary
     wall_s: float = 0.0
+    # why the reply ended, for token-level policies: "stop" (a stop id), "length" (max_new_tokens
+    # or the context budget), "repeat" (cut by the repetition guard, carl.harness.repetition);
+    # "" for text-level policies, whose endpoint does not say
+    finish_reason: Literal["", "stop", "length", "repeat"] = ""
 
 
 @dataclass
@@ -170,6 +174,7 @@ class Trajectory:
                 segment=t.get("segment", 0),
                 is_summary=t.get("is_summary", False),
                 wall_s=t.get("wall_s", 0.0),
+                finish_reason=t.get("finish_reason", ""),
             )
             for t in d.get("turns", [])
         ]

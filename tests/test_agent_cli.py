@@ -1,4 +1,5 @@
-"""`carl agent run`: a scripted episode end to end, and clear errors for bad arguments."""
+"""`carl agent run`: a scripted episode end to end, sampling flags sent to an endpoint, and clear errors
+for bad arguments (`--checkpoint` end to end: tests/test_checkpoint_policy.py)."""
 
 from __future__ import annotations
 
@@ -94,15 +95,17 @@ def test_missing_repo_and_bad_script_file(tmp_path, script, capsys):
     assert "expected a non-empty JSON list" in capsys.readouterr().err
 
 
-def test_agent_run_against_a_real_http_endpoint(repo, tmp_path):
-    """openai:URL#MODEL over a real socket: a stdlib HTTP server speaking /v1/chat/completions."""
+@pytest.fixture
+def endpoint():
+    """A stdlib HTTP server speaking /v1/chat/completions over a real socket: (its /v1 URL, the
+    requests it saw), answering with SCRIPT's replies in order."""
     replies = list(SCRIPT)
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, body["model"], len(body["messages"])))
+            seen.append({"path": self.path, **body})
             data = json.dumps({"choices": [{"message": {"role": "assistant", "content": replies.pop(0)}}]}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -116,13 +119,49 @@ def test_agent_run_against_a_real_http_endpoint(repo, tmp_path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    try:
-        out = tmp_path / "t.json"
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        assert main(["agent", "run", "--repo", str(repo), "--task", "Fix add.", "--policy", f"openai:{url}#tiny-model",
-                     "--sandbox", "local", "--out", str(out)]) == 0
-    finally:
-        server.shutdown()
-        thread.join()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+    server.shutdown()
+    thread.join()
+
+
+def test_agent_run_against_a_real_http_endpoint(repo, tmp_path, endpoint):
+    url, seen = endpoint
+    out = tmp_path / "t.json"
+    assert main(["agent", "run", "--repo", str(repo), "--task", "Fix add.", "--policy", f"openai:{url}#tiny-model",
+                 "--sandbox", "local", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["stop_reason"] == "finished"
-    assert seen == [("/v1/chat/completions", "tiny-model", n) for n in (2, 4, 6, 8)]
+    assert [(b["path"], b["model"], len(b["messages"])) for b in seen] == \
+        [("/v1/chat/completions", "tiny-model", n) for n in (2, 4, 6, 8)]
+    assert all(b["temperature"] == 0.0 and "seed" not in b for b in seen)  # greedy, no seed: the defaults
+
+
+def test_sampling_flags_reach_the_endpoint_with_seeds_named_by_the_episode(repo, tmp_path, endpoint):
+    from carl.engine.streams import stream_seed
+
+    url, seen = endpoint
+    assert main(["agent", "run", "--repo", str(repo), "--task", "Fix add.", "--policy", f"openai:{url}#m",
+                 "--sandbox", "local", "--out", str(tmp_path / "t.json"), "--temperature", "0.7", "--top-p", "0.9",
+                 "--seed", "5", "--task-id", "calc-1"]) == 0
+    assert [(b["temperature"], b["top_p"]) for b in seen] == [(0.7, 0.9)] * 4
+    # sample 0 of task calc-1, turn by turn: the seeds `carl eval --seed 5` sends for that sample
+    assert [b["seed"] for b in seen] == [stream_seed(5, "calc-1/0", turn, bits=31) for turn in range(4)]
+
+
+@pytest.mark.parametrize("extra,message", [
+    ([], "expected exactly one of --checkpoint PATH"),
+    (["--policy", "scripted:x.json", "--checkpoint", "runs/x"], "got both"),
+    (["--policy", "SCRIPT", "--temperature", "0.5"], "--temperature: a scripted policy replays its file"),
+    (["--policy", "openai:http://127.0.0.1:9/v1#m", "--top-p", "0"], "--top-p: got 0, expected a value in (0, 1]"),
+    (["--policy", "openai:http://127.0.0.1:9/v1#m", "--temperature", "-1"], "--temperature: got -1, expected >= 0"),
+    (["--policy", "openai:http://127.0.0.1:9/v1#m", "--device", "cuda:0"], "--device: only for --checkpoint"),
+    (["--checkpoint", "/nonexistent/run"], "holds no model; expected a carl run directory"),
+    (["--checkpoint", "/nonexistent/run:x"], "expected PATH or RUN_DIR:STEP (a number)"),
+])
+def test_what_acts_and_how_it_samples_are_checked_before_anything_runs(extra, message, repo, script, tmp_path,
+                                                                        capsys):
+    extra = [f"scripted:{script}" if a == "SCRIPT" else a for a in extra]
+    rc = main(["agent", "run", "--repo", str(repo), "--task", "x", "--sandbox", "local",
+               "--out", str(tmp_path / "t.json"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "t.json").exists()

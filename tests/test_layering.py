@@ -1,5 +1,7 @@
 """The harness, sandbox and tasks packages are what production use needs: they never import
-torch (or anything that imports it at module level), checked both statically and at runtime."""
+torch (or anything that imports it at module level), checked both statically and at runtime. So
+does the serving side of carl/online (`carl serve`: the service, store, users, workspaces, client,
+signals, simulated users); the engine it serves is passed in, and `carl online`'s cycle trains."""
 
 import ast
 import subprocess
@@ -10,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_FREE = ["carl/harness", "carl/sandbox", "carl/tasks"]
+TORCH_FREE_MODULES = ["carl.online." + m for m in ("auth", "client", "service", "signals", "simulate", "store",
+                                                    "workspaces", "cli")]
 HEAVY = {"torch", "transformers", "numpy", "vllm", "ray"}
 
 
@@ -47,6 +51,7 @@ def test_importing_torch_free_packages_does_not_load_torch():
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).with_suffix("")
             mods.append(".".join(rel.parts).removesuffix(".__init__"))
+    mods += TORCH_FREE_MODULES
     code = (
         "import importlib, sys\n"
         f"for m in {mods!r}:\n"

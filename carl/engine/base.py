@@ -76,9 +76,12 @@ class Engine(Protocol):
         ...
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
-                 seed: int | None = None, sampling: SamplingParams | None = None) -> Generation:
+                 seed: int | None = None, sampling: SamplingParams | None = None,
+                 max_repeat_tokens: int = 0) -> Generation:
         """Sample up to `max_new_tokens` ids after `prompt_ids`, stopping after any of `stop_ids`;
-        `sampling` defaults to the engine's current default (see `sampling()`). Thread-safe."""
+        `sampling` defaults to the engine's current default (see `sampling()`); `max_repeat_tokens`
+        > 0: the repetition guard (carl.harness.repetition), which an engine may apply early or
+        leave to the harness's cut. Thread-safe."""
         ...
 
     def episode(self, key: str) -> Any:

@@ -6,9 +6,9 @@ a shared KV cache and, before every decode step, admits waiting requests (up to
 `max_batch_size` rows): each is prefilled from the longest prefix whose KV states the
 `PrefixCache` holds (the previous turn of the same episode, or the shared system prompt) and
 merged into the live batch (caches and attention masks left-padded to a common length). Each row
-stops on its own stop ids or token budget, leaves the batch at once (its cache row goes to the
-prefix cache) and its caller wakes up, so an episode can run its tools while the others keep
-generating.
+stops on its own stop ids, token budget or repetition guard (`carl.harness.repetition`), leaves
+the batch at once (its cache row goes to the prefix cache) and its caller wakes up, so an episode
+can run its tools while the others keep generating.
 
     episode threads                       batcher thread (decode_loop)
     generate() ──┐                  ┌─> admit: prefill new requests past their cached prefix,
@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from carl.engine.base import SamplingParams
 from carl.harness.policies import Generation
+from carl.harness.repetition import RepeatGuard
 from carl.engine.prefix_cache import KV, PrefixCache
 
 
@@ -81,6 +82,7 @@ class Request:
     generator: torch.Generator
     sampling: SamplingParams
     version: int = 0  # the weights version that decodes it (the loop holds the weights still)
+    repeat_guard: RepeatGuard | None = None  # stops the row when it fires (carl.harness.repetition)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "length"
@@ -249,8 +251,10 @@ def _sample_and_retire(
     for j, (r, tok, lp) in enumerate(zip(batch.rows, next_B.tolist(), logprob_B.tolist(), strict=True)):
         r.token_ids.append(tok)
         r.logprobs.append(lp)
-        if tok in r.stop_ids or len(r.token_ids) >= r.max_new_tokens:
-            r.finish_reason = "stop" if tok in r.stop_ids else "length"
+        stop = tok in r.stop_ids
+        repeated = not stop and r.repeat_guard is not None and r.repeat_guard.push(tok)
+        if stop or repeated or len(r.token_ids) >= r.max_new_tokens:
+            r.finish_reason = "stop" if stop else "repeat" if repeated else "length"
             if prefix_cache.max_tokens:
                 fed = r.prompt_ids + r.token_ids[:-1]  # the last sampled id was never fed
                 prefix_cache.store(fed, _row_kv(batch.cache, j, len(fed)))

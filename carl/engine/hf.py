@@ -38,6 +38,7 @@ from carl.engine.prefix_cache import PrefixCache
 from carl.engine.streams import EpisodeStream
 from carl.errors import UserError
 from carl.harness.policies import Generation
+from carl.harness.repetition import RepeatGuard
 from carl.systems.delta_sync import bits
 from carl.systems.heap import HeapTrimmer
 from carl.systems.subscriber import VersionFollower, load_into
@@ -157,12 +158,14 @@ class HFEngine(DefaultSampling):
         self._batcher = RequestBatcher(self._run, config.batch_wait_s)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
-                 seed: int | None = None, sampling: SamplingParams | None = None) -> Generation:
+                 seed: int | None = None, sampling: SamplingParams | None = None,
+                 max_repeat_tokens: int = 0) -> Generation:
         """Sample up to `max_new_tokens` ids after `prompt_ids`, stopping after any id in `stop_ids`.
 
         `seed` seeds this request's generator; by default it comes from the engine's seed, its weights
         version and the request's arrival number (`episode` gives seeds that do not depend on arrival).
-        `sampling` defaults to `default_sampling` (see `sampling()`)."""
+        `sampling` defaults to `default_sampling` (see `sampling()`). `max_repeat_tokens` > 0 stops the
+        request as soon as the repetition guard fires (finish_reason "repeat"; carl.harness.repetition)."""
         if not prompt_ids:
             raise ValueError("prompt_ids: expected at least one token, got an empty prompt")
         if max_new_tokens < 1:
@@ -175,7 +178,8 @@ class HFEngine(DefaultSampling):
             seed = (self.config.seed * 1_000_003 + self.policy_version) * 1_000_033 + request_id
         generator.manual_seed(seed)
         request = Request(request_id, list(prompt_ids), max_new_tokens, frozenset(stop_ids), generator,
-                          sampling or self.default_sampling)
+                          sampling or self.default_sampling,
+                          repeat_guard=RepeatGuard(max_repeat_tokens) if max_repeat_tokens else None)
         with self.stats.request(len(prompt_ids)) as generated:
             gen = self._batcher.submit(request)
             generated.append(len(gen.token_ids))

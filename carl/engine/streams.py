@@ -43,10 +43,12 @@ class EpisodeStream:
     def policy_version(self) -> int:
         return self.policy.policy_version
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int]):
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
+                 max_repeat_tokens: int = 0):
         seed = stream_seed(self.seed, self.key, self.turns)
         self.turns += 1
-        return self.policy.generate(prompt_ids, max_new_tokens, stop_ids, seed=seed)
+        return self.policy.generate(prompt_ids, max_new_tokens, stop_ids, seed=seed,
+                                    max_repeat_tokens=max_repeat_tokens)
 
 
 class EpisodeChat:

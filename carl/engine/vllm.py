@@ -93,7 +93,10 @@ class VLLMEngine(DefaultSampling):
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
-                 seed: int | None = None, sampling: SamplingParams | None = None) -> Generation:
+                 seed: int | None = None, sampling: SamplingParams | None = None,
+                 max_repeat_tokens: int = 0) -> Generation:
+        """See `Engine.generate`. `max_repeat_tokens` does not stop the server's generation early (its
+        sampler has no such check): the harness cuts the returned ids where the guard fires."""
         if not prompt_ids:
             raise ValueError("prompt_ids: expected at least one token, got an empty prompt")
         if max_new_tokens < 1:

@@ -16,7 +16,9 @@ on. A reply without any tool call gets `prompts.NO_TOOL_CALL_NOTICE` as its obse
 the episode with NO_TOOL_CALL when `limits.stop_on_no_call`).
 
 Limits are checked between turns: a turn already running (a long test run) is bounded by its
-tool's own timeout, not by `wall_time_s`.
+tool's own timeout, not by `wall_time_s`. Within a turn, a token-level policy's reply is bounded by
+`max_new_tokens` and cut early by the repetition guard (`max_repeat_tokens`,
+`carl.harness.repetition`); `Turn.finish_reason` records which ended it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class EpisodeLimits:
     stop_on_no_call: bool = False
     """End the episode (NO_TOOL_CALL) when a reply has no tool call, instead of sending a notice.
     Production chat use ends the agent's turn this way; RL rollouts keep the notice."""
+    max_repeat_tokens: int = 256
+    """Repetition guard of token-level policies (`carl.harness.repetition`): cut a reply once its
+    last `max_repeat_tokens` ids are one pattern of at most 64 ids repeated (at least 4 times);
+    the turn records finish_reason "repeat". 0 = off. 256 never cuts the CPU default's 128-token
+    replies and stops a loop at 4,096-token limits 16x sooner."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_new_tokens", "wall_time_s", "context_budget_tokens"):
@@ -74,6 +81,8 @@ class EpisodeLimits:
             raise ValueError(f"limits.summarize_at_fraction: got {self.summarize_at_fraction!r}, expected in (0, 1]")
         if self.max_summaries < 0:
             raise ValueError(f"limits.max_summaries: got {self.max_summaries!r}, expected >= 0")
+        if self.max_repeat_tokens != 0 and self.max_repeat_tokens < 4:
+            raise ValueError(f"limits.max_repeat_tokens: got {self.max_repeat_tokens!r}, expected 0 (off) or >= 4")
 
 
 class Task(Protocol):
@@ -136,8 +145,10 @@ def run_episode(
                     and num_summaries < limits.max_summaries and turns_in_segment > 0):
                 with _infra_failure(StopReason.POLICY_ERROR):
                     ctx.add(Message("user", SUMMARY_REQUEST))
-                    summary = ctx.generate(limits.max_new_tokens, limits.context_budget_tokens)
-                    turn = Turn(summary, segment=segment, is_summary=True, wall_s=time.monotonic() - turn_start)
+                    summary = ctx.generate(limits.max_new_tokens, limits.context_budget_tokens,
+                                           limits.max_repeat_tokens)
+                    turn = Turn(summary, segment=segment, is_summary=True, wall_s=time.monotonic() - turn_start,
+                                finish_reason=ctx.finish_reason)
                     traj.turns.append(turn)
                     resumed = Message("user", resume_prompt(task.problem_statement, summary))
                     traj.segments.append(ctx.start([system, resumed]))
@@ -147,7 +158,7 @@ def run_episode(
                 continue
 
             with _infra_failure(StopReason.POLICY_ERROR):
-                reply = ctx.generate(limits.max_new_tokens, limits.context_budget_tokens)
+                reply = ctx.generate(limits.max_new_tokens, limits.context_budget_tokens, limits.max_repeat_tokens)
             parsed = parse_calls(reply, specs)
             with _infra_failure(StopReason.SANDBOX_ERROR):
                 results = run_calls(parsed, tools, sandbox) if parsed else []
@@ -158,6 +169,7 @@ def run_episode(
                 results=results,
                 segment=segment,
                 wall_s=time.monotonic() - turn_start,
+                finish_reason=ctx.finish_reason,
             )
             traj.turns.append(turn)
             turns_in_segment += 1

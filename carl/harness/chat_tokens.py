@@ -5,7 +5,8 @@ One segment's ids grow in three kinds of steps (mask: which ids the model sample
     start([system, user])  ids  = encode(render([system, user]))                        mask False
     add(message)           ids += encode(render(messages + [message]) - render(messages)) mask False
     generate()             ids += encode(generation prompt: render(messages, True) - render(messages))
-                           ids += the sampled ids, exactly as sampled (with log-probs)   mask True
+                           ids += the sampled ids, exactly as sampled (with log-probs;   mask True
+                                  cut where the repetition guard fires, carl.harness.repetition)
                            ids += encode(what the template writes after the sampled text
                                          to close the assistant turn, e.g. "\n")        mask False
 
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from carl.harness.policies import ChatPolicy, TokenPolicy
+from carl.harness.repetition import repeat_cut
 from carl.types import Message, Segment
 
 
@@ -60,6 +62,7 @@ class TokenContext:
         self.stop_ids = list(stop_ids)
         self.segment = Segment()
         self.finished_tokens = 0  # tokens of earlier segments
+        self.finish_reason = ""  # why the last generation ended ("stop", "length", "repeat")
         self._text = ""  # the text that self.segment.token_ids_T stands for
 
     @property
@@ -78,20 +81,28 @@ class TokenContext:
         self._append_template(self._render(messages, add_generation_prompt=False))
         return self.segment
 
-    def generate(self, max_new_tokens: int, max_context_tokens: int) -> str:
+    def generate(self, max_new_tokens: int, max_context_tokens: int, max_repeat_tokens: int = 0) -> str:
         """Sample the next assistant message, at most `max_new_tokens` and never past
-        `max_context_tokens` in all; returns its text (sampled text without the stop token)."""
+        `max_context_tokens` in all, cut where the repetition guard fires (`max_repeat_tokens`,
+        0 = off; `carl.harness.repetition`); returns its text (sampled text without the stop
+        token). `finish_reason` then says why it ended ("stop", "length" or "repeat")."""
         self._append_template(self._render(self.segment.messages, add_generation_prompt=True))
         max_new_tokens = min(max_new_tokens, max_context_tokens - self.num_tokens)
         if max_new_tokens <= 0:
             raise ContextFull(f"{self.num_tokens} tokens in context, budget {max_context_tokens}")
-        gen = self.policy.generate(list(self.segment.token_ids_T), max_new_tokens, self.stop_ids)
+        guard = {"max_repeat_tokens": max_repeat_tokens} if max_repeat_tokens else {}  # off: the base protocol call
+        gen = self.policy.generate(list(self.segment.token_ids_T), max_new_tokens, self.stop_ids, **guard)
         ids = list(gen.token_ids)
         if len(gen.logprobs) != len(ids):
             raise ValueError(f"policy returned {len(ids)} token ids but {len(gen.logprobs)} logprobs")
         if not ids or len(ids) > max_new_tokens:
             raise ValueError(f"policy returned {len(ids)} token ids, expected 1 to {max_new_tokens}")
         ends_with_stop = ids[-1] in self.stop_ids
+        # an engine that stopped early ends exactly at the cut; one that ran on is cut here
+        cut = repeat_cut(ids[:-1] if ends_with_stop else ids, max_repeat_tokens)
+        if cut is not None:
+            ids, ends_with_stop = ids[:cut], False
+        self.finish_reason = "repeat" if cut is not None else "stop" if ends_with_stop else "length"
         content = self._decode(ids[:-1] if ends_with_stop else ids)
         sampled_text = content + (self._decode(ids[-1:]) if ends_with_stop else "")
         seg = self.segment
@@ -100,10 +111,12 @@ class TokenContext:
             seg.routing["spans"].append({"start": len(seg.token_ids_T), "length": len(ids), "data": gen.routing})
         start = len(seg.token_ids_T)
         for version, n in gen.versions:
-            seg.versions.append([start, n, version])
-            start += n
+            n = min(n, len(ids) - (start - len(seg.token_ids_T)))  # runs past a cut are dropped
+            if n > 0:
+                seg.versions.append([start, n, version])
+                start += n
         seg.token_ids_T += ids
-        seg.logprobs_T += [float(x) for x in gen.logprobs]
+        seg.logprobs_T += [float(x) for x in gen.logprobs[:len(ids)]]
         seg.generated_mask_T += [True] * len(ids)
         self._text += sampled_text
         seg.messages.append(Message("assistant", content))
@@ -159,6 +172,7 @@ class ChatContext:
         self.segment = Segment()
         self.num_tokens = 0
         self.finished_tokens = 0
+        self.finish_reason = ""  # a chat endpoint does not say why its reply ended
 
     @property
     def total_tokens(self) -> int:
@@ -171,7 +185,8 @@ class ChatContext:
             self.add(m)
         return self.segment
 
-    def generate(self, max_new_tokens: int, max_context_tokens: int) -> str:
+    def generate(self, max_new_tokens: int, max_context_tokens: int, max_repeat_tokens: int = 0) -> str:
+        """The policy's next reply; `max_repeat_tokens` is unused (the guard needs token ids)."""
         max_new_tokens = min(max_new_tokens, max_context_tokens - self.num_tokens)
         if max_new_tokens <= 0:
             raise ContextFull(f"about {self.num_tokens} tokens in context, budget {max_context_tokens}")

@@ -41,8 +41,9 @@ class Generation:
     """The sampled ids, in order, including the stop id when the policy stopped on one."""
     logprobs: list[float]
     """Log-prob of each sampled id under the sampling policy (same length as token_ids)."""
-    finish_reason: Literal["stop", "length"]
-    """"stop": the last id is one of `stop_ids`; "length": `max_new_tokens` were sampled."""
+    finish_reason: Literal["stop", "length", "repeat"]
+    """"stop": the last id is one of `stop_ids`; "length": `max_new_tokens` were sampled; "repeat":
+    the repetition guard fired at the last id (`carl.harness.repetition`)."""
     routing: Any = None
     """MoE router replay: the policy's compact record of top-k expert ids per sampled token
     and layer (opaque to the harness, stored per generation in `Segment.routing`)."""
@@ -58,7 +59,11 @@ class TokenPolicy(Protocol):
     """A Hugging Face tokenizer with a chat template."""
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> Generation:
-        """Sample a continuation of `prompt_ids`, stopping after any id in `stop_ids`."""
+        """Sample a continuation of `prompt_ids`, stopping after any id in `stop_ids`.
+
+        With the repetition guard on, the harness also passes `max_repeat_tokens=N` (keyword): a
+        policy may stop as soon as `carl.harness.repetition.RepeatGuard(N)` fires (finish_reason
+        "repeat"), or ignore it: the harness cuts the generation at the same id either way."""
         ...
 
 
@@ -115,7 +120,9 @@ class ScriptedTokenPolicy:
         self.calls = 0
         self.prompts: list[list[int]] = []  # every prompt seen, for tests
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> Generation:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: Sequence[int],
+                 max_repeat_tokens: int = 0) -> Generation:
+        """The next scripted reply; `max_repeat_tokens` is left to the harness (TokenContext cuts)."""
         self.prompts.append(list(prompt_ids))
         text = self._next_reply(prompt_ids)
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [stop_ids[0]]

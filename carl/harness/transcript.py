@@ -25,6 +25,7 @@ def render_turn(turn: Turn, number: int, max_output_lines: int = 30) -> Renderab
     """One assistant message and its results (turn `number`, counted from 1)."""
     kind = "summary" if turn.is_summary else "assistant"
     title = f"turn {number} · {kind} · segment {turn.segment} · {turn.wall_s:.1f}s"
+    title += {"length": " · cut at the token limit", "repeat": " · cut: it repeated itself"}.get(turn.finish_reason, "")
     style = "magenta" if turn.is_summary else "cyan"
     parts: list[RenderableType] = [Panel(Text(turn.assistant.strip() or "(empty reply)"), title=title,
                                          title_align="left", border_style=style)]

@@ -87,6 +87,7 @@ def find_error_turns(
     sibling: Trajectory | None = None,
     valid_tools: Sequence[str] = (),
     max_hint_chars: int = 2000,
+    feedback_heading: str = "The final tests failed:",
 ) -> list[ErrorTurn]:
     """The turns where the agent erred, each with the hint its teacher sees (at most one per turn).
 
@@ -94,8 +95,8 @@ def find_error_turns(
       valid tools (from the error, else `valid_tools`).
     - failing_tests: a run_tests result reports failures; the turns that edited files since the
       previous test run are blamed; hint = the test output.
-    - failed_reward: `reward_feedback` (the clean-sandbox test output of a failed episode) is
-      given; every editing turn not blamed yet (else the last turn) gets it as hint.
+    - failed_reward: `reward_feedback` (the clean-sandbox test output of a failed episode, or in
+      production the user's follow-up; `feedback_heading` says which) is given; every editing turn not blamed yet (else the last turn) gets it as hint.
     In a failed episode (`reward_feedback` given) with a successful `sibling` rollout of the same
     group, every hint is followed by the sibling's actions: the one hint that shows a small model
     what to write instead. (Appending it to the failed_reward turns only left it out of the most
@@ -123,7 +124,7 @@ def find_error_turns(
                         found.setdefault(j, ErrorTurn(j, "failing_tests", hint))
                 edits_since_tests = []
     if reward_feedback is not None and trajectory.turns:
-        hint = _clip("The final tests failed:\n" + reward_feedback, max_hint_chars)
+        hint = _clip(feedback_heading + "\n" + reward_feedback, max_hint_chars)
         edit_turns = [i for i, t in enumerate(trajectory.turns) if any(c.name in EDIT_TOOLS for c in t.calls)]
         for j in [i for i in edit_turns if i not in found] or (
             [len(trajectory.turns) - 1] if not edit_turns else []

@@ -49,6 +49,11 @@ class Rollout:
     """The failing test output of the clean-sandbox reward (self-distillation's hint)."""
     monitor_flags: list[str] = field(default_factory=list)
     diff: str = ""
+    advantage: float | None = None
+    """Set by a caller with its own baseline (production has one sample per prompt:
+    carl.online.batch); None: the group's mean is the baseline (GRPO)."""
+    feedback_heading: str = "The final tests failed:"
+    """What the self-distillation hint says `feedback` is (production: the user's follow-up)."""
 
 
 def collect_groups(

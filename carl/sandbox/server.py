@@ -1,7 +1,7 @@
 """The environment server: many sandboxes behind HTTP, for remote rollout workers.
 
     rollout worker                          carl env serve (this module)
-    RemoteSandbox ---- POST /v1/sandboxes ---> _Gate: token, then the body read under a size cap
+    RemoteSandbox ---- POST /v1/sandboxes ---> BearerGate: token, then the body read under a size cap
          |                                     open_sandbox(copy of a server path or upload)
          |        ---- POST .../{id}/exec ---> sandbox.exec(...)         (thread pool)
          |        ---- read/write/list ------> sandbox.read_file(...)
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carl.sandbox.base import SandboxConfig, SandboxError, SandboxPathError
+from carl.sandbox.gate import BearerGate
 from carl.sandbox.host import sweep_leftovers
 from carl.sandbox.scratch import Scratch, sweep_stale
 
@@ -204,7 +205,7 @@ class _NotFound(Exception):
 
 
 def create_app(config: ServerConfig):
-    """The FastAPI app behind _Gate (imports FastAPI lazily so that `carl --help` stays fast)."""
+    """The FastAPI app behind BearerGate (imports FastAPI lazily so that `carl --help` stays fast)."""
     from contextlib import asynccontextmanager
 
     import anyio.to_thread
@@ -345,64 +346,15 @@ def create_app(config: ServerConfig):
         pool.close(sandbox_id)
         return {}
 
-    return _Gate(app, config)
+    token = config.token.encode()
+    caps = {"upload": config.max_upload_mb, "request": config.max_request_mb}
 
+    def body_cap(path: str) -> tuple[str, int]:
+        what = "upload" if path == UPLOAD_PATH else "request"
+        return what, caps[what]
 
-class _Gate:
-    """ASGI middleware in front of the app: the token, then the body under a size cap.
-
-    A request without the token gets 401 before a byte of its body is read (FastAPI would parse
-    a body before running a dependency that checks the token). An authenticated body is read
-    here, its bytes counted as they arrive (with Content-Length or chunked), and refused with
-    413 as soon as it passes the cap; the app then reads it from memory. Both refusals close
-    the connection, so the rest of the body is never read either.
-    """
-
-    def __init__(self, app, config: ServerConfig):
-        self.app = app
-        self.state = app.state  # `create_app(...).state.pool`, as on the FastAPI app
-        self._token = config.token.encode()
-        self._caps = {"upload": config.max_upload_mb, "request": config.max_request_mb}
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or (scope["method"] == "GET" and scope["path"] == HEALTH_PATH):
-            return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(given, self._token):
-            return await _refuse(send, 401, "auth", "missing or wrong bearer token")
-        what = "upload" if scope["path"] == UPLOAD_PATH else "request"
-        cap_bytes = self._caps[what] << 20
-        too_large = f"{what} body over max_{what}_mb={self._caps[what]}"
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > cap_bytes:
-            return await _refuse(send, 413, "too_large", f"{too_large} (Content-Length {int(declared)})")
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > cap_bytes:
-                return await _refuse(send, 413, "too_large", too_large)
-            if not message.get("more_body", False):
-                break
-        body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
-        del chunks
-
-        async def replay():
-            return body.pop() if body else await receive()
-
-        await self.app(scope, replay, send)
-
-
-async def _refuse(send, status: int, kind: str, message: str) -> None:
-    content = json.dumps({"kind": kind, "message": message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
-               (b"connection", b"close")]  # fmt: skip
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": content})
+    return BearerGate(app, lambda given: "client" if hmac.compare_digest(given, token) else None, body_cap,
+                      open_paths={HEALTH_PATH})
 
 
 _MISSING = object()

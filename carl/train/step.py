@@ -175,6 +175,8 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
         rewards_G = torch.tensor([r.reward for r in group], dtype=torch.float32)
         valid_G = torch.tensor([r.valid and bool(r.trajectory.segments) for r in group])
         advantages_G = group_advantages(rewards_G, valid_G)
+        if any(r.advantage is not None for r in group):  # the caller's own baseline
+            advantages_G = torch.tensor([r.advantage or 0.0 for r in group], dtype=torch.float32)
         sibling = next((r.trajectory for r in group if r.valid and r.passed), None)
         for r, adv, ok in zip(group, advantages_G.tolist(), valid_G.tolist()):
             if not ok or not any(any(s.generated_mask_T) for s in r.trajectory.segments):
@@ -186,7 +188,8 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
             teachers_by_segment: dict[int, list[TeacherContext]] = {}
             if use_sd:
                 errors = find_error_turns(r.trajectory, None if r.passed else r.feedback,
-                                          sibling if sibling is not r.trajectory else None, valid_tools)
+                                          sibling if sibling is not r.trajectory else None, valid_tools,
+                                          feedback_heading=r.feedback_heading)
                 for e in errors:
                     try:
                         t = build_teacher_context(r.trajectory, e.turn, e.hint, tokenizer)
