@@ -9,6 +9,7 @@ defines `register(subparsers)`; those modules import nothing heavy at module lev
     carl tasks build|validate|stats|show ...
     carl train [CONFIG] [a.b=value ...]
     carl eval --checkpoint DIR --tasks FILE
+    carl bench grade|export    any agent's predictions graded by the RL reward; tasks as SWE-bench records
     carl engine setup|serve    vLLM's environment, a vLLM server for carl
     carl serve ...             the agent as an HTTP service for a team (sessions, feedback store)
     carl online CONFIG         retrain the served model from production feedback, gate, deploy
@@ -29,6 +30,7 @@ GROUPS = {
     "tasks": "carl.tasks.cli",
     "train": "carl.train.cli",
     "eval": "carl.eval.cli",
+    "bench": "carl.eval.bench_cli",
     "engine": "carl.engine.cli",
     "serve/online": "carl.online.cli",  # registers both commands
 }

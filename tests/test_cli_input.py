@@ -186,3 +186,35 @@ def test_a_garbled_line_before_the_last_is_an_error_not_a_torn_line(tmp_path):
     path.write_bytes(b'{"a": 1}\n{"b": \n')  # newline-terminated: written whole, so not torn
     with pytest.raises(ValueError, match=rf"{path}:2: not valid JSON"):
         read_jsonl(path)
+
+
+def test_engine_serve_passes_lora_and_route_recording_to_the_server(tmp_path, monkeypatch, capsys):
+    from carl.engine import vllm_server
+
+    (tmp_path / "config.json").write_text("{}")
+    specs = []
+
+    class Server:
+        def __init__(self, spec, log, max_restarts):
+            specs.append(spec)
+            self.url = "http://127.0.0.1:1"
+
+        def start(self):
+            pass
+
+        def alive(self):
+            return False
+
+        def tail(self):
+            return ""
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(vllm_server, "VLLMServer", Server)
+    assert main(["engine", "serve", "--model", str(tmp_path), "--lora-rank", "8", "--record-routes"]) == 1
+    assert specs[0].lora_rank == 8 and specs[0].record_routes
+    argv = specs[0].argv(Path("python"), 1)
+    assert "--enable-lora" in argv and "--no-enable-prefix-caching" in argv
+    assert main(["engine", "serve", "--model", str(tmp_path), "--lora-rank", "-1"]) == 2
+    assert "--lora-rank: got -1" in _one_line_error(capsys)

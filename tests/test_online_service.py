@@ -209,3 +209,15 @@ def test_a_hot_weight_swap_while_requests_run_drops_none(served):
     assert all(d["stop_reason"] == "finished" for d in done) and len(done) == 4
     assert admin.health()["model_version"] == 2
     admin.close()
+
+
+def test_a_kill_9_mid_load_loses_no_record_a_client_was_given(tmp_path):
+    """benchmarks/serve_load.py, small: concurrent sessions on a `carl serve` process, hot swaps every
+    second, SIGKILL once half the users have an answer; every session and every finished request a
+    client heard of is in the store afterwards, and the database is intact."""
+    from benchmark_modules import load
+
+    result = load("serve_load").run_load(tmp_path, sessions=4, rounds=3, backend="local", latency_s=0.05, kill=True)
+    s = result["summary"]
+    assert s["killed"] and s["done"] >= 2 and s["dropped"] > 0  # the kill landed mid-load
+    assert s["store"] == {"missing_sessions": 0, "lost_finished_requests": 0, "integrity": "ok"}

@@ -6,6 +6,7 @@ fixture packages); plugin autoload is off so that each pytest run starts fast.
 """
 
 import dataclasses
+import io
 import json
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from tasks_fixture import MINI_FILES, TRAPS_FILES, write_repo
 
 from carl.io import read_jsonl
@@ -20,6 +22,7 @@ from carl.sandbox.base import SandboxConfig
 from carl.tasks import load_tasks
 from carl.tasks.build import BuildConfig, build_repo, finished_specs, record_finished
 from carl.tasks.recheck import recheck_task
+from carl.tasks.report import stats_tables
 from carl.tasks.scrub import find_leaks
 from carl.tasks.sources import tree_hash
 from carl.tasks.store import original_repo_dir, store_dir
@@ -79,8 +82,35 @@ def test_build_makes_a_task_of_every_kind_and_mode(built):
         assert t.test_command[:3] == ("python", "-m", "pytest")
         assert "tests/test_core.py" in t.test_files
         assert t.environment["path"] == sys.prefix
+        assert t.environment["requirements"] == ["pytest"] and t.environment["exclude"] == ["mini"]  # its pins
         assert "Do not modify the tests." in t.problem_statement
         assert all(s.startswith("mini") for s in t.deleted_symbols)
+
+
+def test_the_result_counts_distinct_failing_tests_and_warns_only_when_few(built):
+    _, out, _, result = built
+    failing = {test for t in load_tasks(out) for test in t.FAIL_TO_PASS}
+    assert result.n_failing_tests == len(failing) and result.warning == ""  # 10 tasks, enough tests
+
+
+def test_a_task_whose_venv_is_not_on_this_machine_runs_in_one_made_from_its_pins(built, monkeypatch):
+    """A task file built elsewhere names a venv path that does not exist here: the venv is made
+    from the record's pins (python, requirements, exclude) and the task's tests run in it."""
+    from carl.tasks import environment
+
+    _, out, _, _ = built
+    task = next(t for t in load_tasks(out) if t.deletion_kind == "function" and t.deletion_mode == "stub")
+    moved = dataclasses.replace(
+        task, environment={**task.environment, "path": "/home/elsewhere/.cache/carl/envs/0123456789abcdef"})
+    calls = []
+
+    def prepare_env(requirements, exclude):  # the project venv has pytest; building one needs PyPI
+        calls.append((requirements, exclude))
+        return Path(sys.prefix)
+
+    monkeypatch.setattr(environment, "prepare_env", prepare_env)
+    assert recheck_task(moved, SandboxConfig(backend=BACKEND, timeout_s=60)) is None
+    assert calls == [(["pytest"], ["mini"])]
 
 
 def test_broken_repos_are_clean_and_gold_patch_restores_the_original(built, tmp_path):
@@ -130,7 +160,8 @@ def test_drop_reasons_are_counted(tmp_path):
     out = tmp_path / "out" / "tasks.jsonl"
     result = build_repo(str(repo), out, _config(tmp_path, kinds=("function",), min_task_timeout_s=3))
     assert result.status == "ok", result.error
-    reasons = {(d["candidate"], d["mode"]): d["reason"] for d in read_jsonl(store_dir(out) / "drops.jsonl")}
+    drops = read_jsonl(store_dir(out) / "drops.jsonl")
+    reasons = {(d["candidate"], d["mode"]): d["reason"] for d in drops}
     assert reasons == {
         ("traps.core:fast_handler", "remove"): "import_broken",
         ("traps.core:log", "stub"): "no_failing_test",
@@ -140,6 +171,16 @@ def test_drop_reasons_are_counted(tmp_path):
         ("traps.core:ready", "remove"): "timeout",
     }
     assert dict(result.drops) == {"import_broken": 1, "no_failing_test": 2, "leak": 1, "timeout": 2}
+    # a leak says where the deleted code was found: README.md quotes the body from its line 3
+    where = "deleted source found in the workspace at README.md:3: 'squares = [value * value for value in values]'"
+    assert [d.get("detail") for d in drops if d["reason"] == "leak"] == [where]
+    assert result.drop_details == {"leak": where}
+    assert all("detail" not in d for d in drops if d["reason"] != "leak")
+    buf = io.StringIO()
+    for table in stats_tables(load_tasks(out), out):
+        Console(file=buf, width=400).print(table)
+    leak_row = next(line for line in buf.getvalue().splitlines() if "│ leak" in line)
+    assert f"traps.core:documented: {where}" in leak_row
     made = {(t.deleted_symbols, t.deletion_mode): t.FAIL_TO_PASS for t in load_tasks(out)}
     whole_module = tuple(  # removing a name the test module imports fails all its tests
         f"tests/test_traps.py::test_{n}" for n in ("default", "documented", "handler", "report", "wait")
@@ -221,3 +262,42 @@ def test_stats_sort_sizes_as_numbers_and_a_closed_pipe_is_quiet(built):
     piped = subprocess.run(f"{sys.executable} -m carl.cli tasks show {task} --tasks {out} | true", shell=True,
                            capture_output=True, text=True, timeout=120)
     assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
+
+
+def test_build_into_a_pipe_prints_a_line_per_repo_as_each_finishes(tmp_path):
+    """Output that is not a terminal still shows progress: the first repo's line reaches the
+    reader while the second repo is still building (which waits until the line was read)."""
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+    read = tmp_path / "first-line-read"
+    child = f"""
+import sys, time
+from pathlib import Path
+import carl.tasks.build as build
+
+def build_repo(spec, out, cfg, on_task=None):
+    if spec.endswith("one"):
+        return build.RepoResult(spec, name="one", n_tasks=30, n_failing_tests=2,
+                                warning=build.few_tests_warning(30, 2))
+    t0 = time.monotonic()
+    while not Path({str(read)!r}).exists() and time.monotonic() - t0 < 20:
+        time.sleep(0.02)
+    seen = Path({str(read)!r}).exists()
+    return build.RepoResult(spec, name="two", status="ok" if seen else "failed",
+                            error="" if seen else "the first line was not read before this repo finished")
+
+build.build_repo = build_repo
+from carl.cli import main
+sys.exit(main(["tasks", "build", {str(tmp_path / "one")!r}, {str(tmp_path / "two")!r},
+               "--out", {str(tmp_path / "out" / "tasks.jsonl")!r}]))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        read.touch()
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert first.startswith(f"{tmp_path / 'one'}: ok 30 tasks in 0s  (few tests: 30 tasks rest on 2 distinct")
+    assert proc.returncode == 0, rest + err
+    assert f"{tmp_path / 'two'}: ok 0 tasks" in rest.splitlines()[0] and "carl tasks build" in rest  # the table

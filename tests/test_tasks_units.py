@@ -339,14 +339,51 @@ def test_audit_catches_leftover_artifacts_and_copies_of_deleted_source(tmp_path,
     (work / "NOTES.txt").write_text(
         "old:\n    if x < lo:\n        return lo\n  if x > hi:\n   return hi\n\n  return x\n"
     )
-    assert any("workspace" in p for p in audit_tree(work, blocks, ""))
+    assert any(p.startswith("deleted source found in the workspace at NOTES.txt:2: 'if x < lo:'")
+               for p in audit_tree(work, blocks, ""))
     (work / "NOTES.txt").unlink()
     env = write_repo(tmp_path / "site", {"mini/core.py": MINI_FILES["mini/core.py"]})
     assert any("environment" in p for p in audit_tree(work, blocks, text_index(env, {".py"})))
 
 
+def test_validation_audit_says_where_deleted_source_was_found(tmp_path, mini):
+    """The leak drop names each copy's file and line, in the workspace and in the venv."""
+    from types import SimpleNamespace
+
+    from carl.tasks.build import _workspace_index
+    from carl.tasks.validate import _audit
+
+    root, _, defs = mini
+    work, changed = _deleted(tmp_path, mini, Candidate("function", (defs["clamp"],), frozenset()), "stub")
+    (work / "docs").mkdir()
+    (work / "docs/notes.md").write_text("# Notes\n\nClamp was:\n\n    if x < lo:\n        return lo\n"
+                                        "    if x > hi:\n        return hi\n    return x\n")
+    venv = tmp_path / "venv"
+    site = venv / "lib/python3.11/site-packages"
+    write_repo(site, {"vendored/a.py": "x = 1\n", "vendored/util.py": "\n" + MINI_FILES["mini/core.py"]})
+    ctx = SimpleNamespace(workspace_index=_workspace_index(work), environment={"path": str(venv)},
+                          env_index=text_index(site, {".py"}))
+    line = 1 + MINI_FILES["mini/core.py"].splitlines().index("    if x < lo:") + 1
+    assert _audit(ctx, work, changed, tree_diff(root, work, changed)) == [
+        "deleted source found in the workspace at docs/notes.md:5: 'if x < lo:'",
+        f"deleted source found in the environment at site-packages/vendored/util.py:{line}: 'if x < lo:'",
+    ]
+
+
 def test_normalise_ignores_whitespace_and_comments():
     assert normalise("  a  =  1 \n\n  # c\nb=2\n") == "a = 1\nb=2"
+
+
+def test_a_block_is_located_by_the_line_it_starts_on(tmp_path):
+    from carl.tasks.audit import block_line, locate_block
+
+    text = "# header\n\nx = 0\n  if x < lo:\n\n      return lo  # clamp\n"
+    assert block_line(text, "if x < lo:\nreturn lo # clamp") == 4  # blank and comment lines skipped
+    assert block_line(text, "return hi") == 0
+    (tmp_path / "a.py").write_text("nothing\n")
+    (tmp_path / "b.md").write_text(text)
+    assert locate_block("if x < lo:\nreturn lo", tmp_path, ["a.py", "missing.py", "b.md"]) == "b.md:4"
+    assert locate_block("if x < lo:\nreturn lo", tmp_path, ["a.py"]) == ""
 
 
 # --------------------------------------------------------------------------- candidates
@@ -428,3 +465,133 @@ def test_stub_removes_the_bodys_comments_but_not_its_neighbours(tmp_path):
     assert "hint" not in text and "old:" not in text and "3 * x" not in text
     assert "# the input" in text and '"""Scale x."""' in text and "# helpers below\ndef other():" in text
     assert f'"""Scale x."""\n\n    {STUB_BODY}\n\n\n# helpers below' in text
+
+
+# --------------------------------------------------------------------------- portable records
+
+
+def _venv(root: Path, made_for: dict | None = None, python: str = sys.executable) -> Path:
+    """A stand-in venv: bin/python (a link to `python`), a site-packages, and carl-env.json when
+    `made_for` is given (what prepare_env writes)."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin/python").symlink_to(python)
+    (root / "lib/python3.11/site-packages").mkdir(parents=True)
+    if made_for is not None:
+        (root / "carl-env.json").write_text(json.dumps(made_for))
+    return root
+
+
+def test_resolve_env_takes_the_recorded_venv_only_when_it_is_one_for_the_pins(tmp_path, monkeypatch):
+    import dataclasses
+
+    from carl.tasks import environment
+
+    rebuilt = _venv(tmp_path / "cache/envs/0123")
+    calls = []
+    monkeypatch.setattr(environment, "prepare_env", lambda req, exclude: calls.append((req, exclude)) or rebuilt)
+    monkeypatch.setattr(environment, "_RESOLVED", {})
+    py = environment.python_version()
+    pins = {"python": py, "requirements": ["pytest==9.2.0", "attrs"], "exclude": ["mini"]}
+    here = _venv(tmp_path / "here", {"python": py, "requirements": ["attrs", "pytest==9.2.0"], "exclude": []})
+    task = TaskRecord(instance_id="a", repo="mini", environment={**pins, "path": str(here)},
+                      deleted_symbols=("mini.core:add",))
+
+    def at(path, **env):
+        return dataclasses.replace(task, environment={**task.environment, "path": str(path), **env})
+
+    assert environment.resolve_env(task) == str(here) and calls == []  # this machine built it
+    assert environment.resolve_env(at(_venv(tmp_path / "user"))) == str(tmp_path / "user")  # --python-env
+    foreign = [
+        at("/home/someone/.cache/carl/envs/89abcdef"),  # another machine's cache
+        at(_venv(tmp_path / "other", {"python": py, "requirements": ["toolz"]})),  # a venv for other pins
+        at(_venv(tmp_path / "copied", {**pins}, python=str(tmp_path / "no/python3.11"))),  # base python gone
+    ]
+    for t in foreign:
+        assert environment.resolve_env(t) == str(rebuilt)
+    assert calls == [(["pytest==9.2.0", "attrs"], ["mini"])] * 3
+    assert environment.resolve_env(foreign[0]) == str(rebuilt) and len(calls) == 3  # once per process
+    # a record without pins keeps its path; an older one without "exclude" excludes the repo
+    bare = TaskRecord(instance_id="b", repo="r", environment={"path": "/gone"})
+    assert environment.resolve_env(bare) == "/gone" and environment.resolve_env(TaskRecord("c", "r")) is None
+    old = {k: v for k, v in task.environment.items() if k != "exclude"}
+    assert environment.resolve_env(dataclasses.replace(task, environment={**old, "path": "/gone"})) == str(rebuilt)
+    assert calls[-1] == (["pytest==9.2.0", "attrs"], ["mini"])
+    with pytest.raises(environment.EnvPrepError, match="pins python 2.7.*run carl with python 2.7"):
+        environment.resolve_env(at("/gone2", python="2.7"))
+    (rebuilt / "lib/python3.11/site-packages/mini").mkdir()  # a dependency pulled the package in
+    with pytest.raises(environment.EnvPrepError, match=r"installed copy of \['mini'\]"):
+        environment.resolve_env(at("/gone3"))
+
+
+
+# --------------------------------------------------------------------------- problem statements
+
+
+@pytest.mark.parametrize("doc, want", [
+    # the first sentence, read across the lines it is wrapped over
+    ("Return the running total of the values, skipping\n    any that are None.\n\n    More.",
+     "Return the running total of the values, skipping any that are None."),
+    ("Sum of squares", "Sum of squares"),  # no sentence end: the whole first paragraph
+    ("Split on commas, e.g. 'a,b'. Then strip.", "Split on commas, e.g. 'a,b'."),  # e.g. ends nothing
+    ("Parse it.\n>>> parse('x')\n'x'", "Parse it."),
+    ("Render a value\n:param v: the value", "Render a value"),
+])
+def test_summary_line_is_the_first_sentence(doc, want):
+    from carl.tasks.statement import summary_line
+
+    assert summary_line(doc) == want
+
+
+def test_a_long_first_sentence_is_cut_at_a_clause_or_word_boundary():
+    from carl.tasks.statement import summary_line
+
+    clauses = ("Return a new mapping from every key of the input to the result of calling the function "
+               "on its value, keeping the order of insertion; keys whose values are missing are dropped.")
+    assert summary_line(clauses, max_chars=120) == ("Return a new mapping from every key of the input to the "
+                                                    "result of calling the function on its value ...")
+    words = "word " * 40 + "end."
+    out = summary_line(words, max_chars=50)
+    assert out.endswith("word ...") and len(out) <= 50 and "  " not in out  # never mid-word
+    assert summary_line("x" * 80, max_chars=50) == "x" * 46 + " ..."  # one word over budget: cut
+
+
+def test_template_statement_shows_the_whole_first_sentence(tmp_path):
+    from carl.tasks.statement import template_statement
+
+    root = write_repo(tmp_path / "r", {
+        "pkg/__init__.py": "",
+        "pkg/core.py": 'def total(values):\n    """Return the running total of the values, skipping\n'
+                       '    any that are None.\n\n    More detail.\n    """\n    return 0\n',
+    })
+    (d,) = all_definitions(root, detect_layout(root))
+    text = template_statement(root, Candidate("function", (d,), frozenset()), "stub", ["tests/t.py::test_x"])
+    assert "\n  Return the running total of the values, skipping any that are None.\n" in text
+
+
+# --------------------------------------------------------------------------- build results
+
+
+def test_many_tasks_from_very_few_tests_is_warned():
+    import io
+
+    from rich.console import Console
+
+    from carl.tasks.build import RepoResult, few_tests_warning
+    from carl.tasks.report import repo_note, summary_table
+
+    warning = few_tests_warning(30, 2)  # the package whose only tests were two doctests
+    assert warning.startswith("few tests: 30 tasks rest on 2 distinct failing tests (15 tasks a test)")
+    assert few_tests_warning(5, 1) == ""  # too few tasks to judge
+    assert few_tests_warning(30, 10) == "" and few_tests_warning(31, 10) != ""  # 3 tasks a test is fine
+    assert few_tests_warning(0, 0) == ""
+    weak = RepoResult("pypi:tiny==1.0", name="tiny", n_tasks=30, n_failing_tests=2, warning=warning)
+    fine = RepoResult("pypi:big==1.0", name="big", n_tasks=30, n_failing_tests=40)
+    leaky = RepoResult("dir:x", name="x", n_tasks=1, drops={"leak": 2},
+                       drop_details={"leak": "deleted source found in the workspace at README.md:3: 'xs = [v for v in vs]'"})
+    assert repo_note(weak) == warning and repo_note(fine) == ""
+    assert repo_note(leaky) == "leak e.g. deleted source found in the workspace at README.md:3: 'xs = [v for v in vs]'"
+    buf = io.StringIO()
+    Console(file=buf, width=400).print(summary_table([weak, fine, leaky]))
+    rows = {line.split("│")[1].strip(): line for line in buf.getvalue().splitlines() if line.count("│") > 2}
+    assert "few tests: 30 tasks" in rows["tiny"] and "few tests" not in rows["big"]
+    assert "README.md:3: 'xs = [v for v in vs]'" in rows["x"]  # brackets are text, not rich markup

@@ -27,6 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--kv-cache-gb", type=int, default=2, help="CPU: GiB of KV cache")
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     v.add_argument("--compile", action="store_true", help="let vLLM compile (slower start, faster decode)")
+    v.add_argument("--lora-rank", type=int, default=0,
+                   help="serve LoRA adapters of this rank, loaded at run time (a run with model.lora_rank > 0)")
+    v.add_argument("--record-routes", action="store_true",
+                   help="record MoE expert routes for router replay (turns off prefix caching)")
     v.add_argument("--log", default="vllm.log", help="where the server's output goes")
     v.set_defaults(func=_serve)
 
@@ -49,9 +53,11 @@ def _serve(args) -> int:
     for name in ("port", "max_model_len", "kv_cache_gb"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}: got {getattr(args, name)}, expected a positive number")
+    if args.lora_rank < 0:
+        raise UserError(f"--lora-rank: got {args.lora_rank}, expected 0 (no LoRA) or the adapters' rank")
     spec = ServerSpec(model=args.model, host=args.host, port=args.port, max_model_len=args.max_model_len,
                       kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
-                      enforce_eager=not args.compile)
+                      enforce_eager=not args.compile, lora_rank=args.lora_rank, record_routes=args.record_routes)
     server = VLLMServer(spec, args.log, max_restarts=0)
     server.start()
     print(f"serving {args.model} at {server.url} for carl (engine.url={server.url}); Ctrl-C stops it")

@@ -266,6 +266,9 @@ class OnlineLoop:
 
         version = s.next_version
         s.next_version += 1
+        self.log(f"cycle {s.cycle}: training v{version} on {len(batch.rollouts)} requests served by "
+                 f"v{s.deployed['version']} (reward mean {batch.stats['reward_mean']:+.2f}, "
+                 f"kept {batch.stats['kept_rate']:.2f})")
         candidate, metrics = self.train_candidate(batch.rollouts, version)
         s.last_id, s.baseline = batch.last_id, baseline.to_dict()
         report["train"] = metrics
@@ -313,6 +316,8 @@ class OnlineLoop:
         flags: dict[str, list[bool]] = {}
         replays = self._replay_requests(requests)
         for name, model in (("deployed", Path(self.state.deployed["model"])), ("candidate", candidate)):
+            self.log(f"gate: {name} on {len(tasks)} bench tasks x {cfg.gate.samples_per_task}"
+                     f"{f' and {len(replays)} replayed requests' if replays else ''}")
             engine = self._engine(model)
             try:
                 _, rollouts = evaluate(name, engine, tasks, cfg.gate.samples_per_task, eval_limits(tc), tools,

@@ -102,6 +102,18 @@ def apply_action(reward: float, report: MonitorReport, config: MonitorConfig) ->
 # ------------------------------------------------------------------------------ the monitor
 
 
+def _venv_of(task: Any) -> str:
+    """The venv the task's tests ran with here: the one `sandbox_config_for` resolved (a record
+    from another machine gets a venv re-created from its pins), else the recorded path."""
+    recorded = (task.environment or {}).get("path") or ""
+    try:
+        from carl.tasks.environment import resolve_env
+
+        return resolve_env(task) or recorded
+    except Exception:  # noqa: BLE001 - not a TaskRecord, or no venv to make: the record's path
+        return recorded
+
+
 def monitor(trajectory: Trajectory, task: Any, changes: WorkspaceDiff | None) -> MonitorReport:
     """Flags for one finished episode of `task` (a carl.tasks.TaskRecord).
 
@@ -109,7 +121,7 @@ def monitor(trajectory: Trajectory, task: Any, changes: WorkspaceDiff | None) ->
     tool calls are inspected then).
     """
     broken = task.broken_repo or ""
-    venv = (task.environment or {}).get("path") or ""
+    venv = _venv_of(task)
     gold = gold_text(task)
     flags: list[Flag] = []
     for turn_idx, tool, kind, text, path in _call_texts(trajectory):

@@ -22,12 +22,38 @@ TEXT_SUFFIXES = {".py", ".pyi", ".txt", ".rst", ".md", ".cfg", ".toml", ".ini", 
 
 
 def normalise(text: str) -> str:
+    return "\n".join(line for _, line in _normalised_lines(text))
+
+
+def block_line(text: str, block: str) -> int:
+    """The 1-based line of `text` where the normalised `block` is found, or 0 (not in it)."""
+    lines = _normalised_lines(text)
+    joined = "\n".join(line for _, line in lines)
+    at = joined.find(block)
+    return lines[joined.count("\n", 0, at)][0] if at >= 0 else 0
+
+
+def locate_block(block: str, root: Path, rels) -> str:
+    """"REL:LINE" of the first of the files `rels` (relative to root) that holds the normalised
+    block, or "" (the block is in none of them)."""
+    for rel in rels:
+        try:
+            line = block_line((root / rel).read_text(), block)
+        except (UnicodeDecodeError, OSError):
+            continue
+        if line:
+            return f"{rel}:{line}"
+    return ""
+
+
+def _normalised_lines(text: str) -> list[tuple[int, str]]:
+    """(1-based line number, line with whitespace collapsed) of the lines normalise keeps."""
     out = []
-    for line in text.splitlines():
+    for i, line in enumerate(text.splitlines(), 1):
         line = _WS.sub(" ", line.strip())
         if line and not line.startswith("#"):
-            out.append(line)
-    return "\n".join(out)
+            out.append((i, line))
+    return out
 
 
 def deleted_blocks(forward_diff: str) -> list[str]:
@@ -61,17 +87,25 @@ def text_index(root: Path, suffixes: set[str] | None = None) -> str:
 
 
 def audit_tree(broken_root: Path, blocks: list[str], env_index: str) -> list[str]:
-    """Problems found (empty = clean)."""
+    """Problems found (empty = clean); a copy of deleted source is named with the file and line
+    it was found at in the workspace (in the environment: what `env_index` holds is unnamed)."""
     problems = [f"leftover artifact {rel}" for rel in find_leaks(broken_root)]
     if blocks:
         workspace = text_index(broken_root, TEXT_SUFFIXES)
+        rels = [str(p.relative_to(broken_root)) for p in sorted(broken_root.rglob("*"))
+                if p.is_file() and not p.is_symlink() and p.suffix in TEXT_SUFFIXES]  # fmt: skip
         for block in blocks:
-            first = block.splitlines()[0]
             if block in workspace:
-                problems.append(f"deleted source found in the workspace: {first[:80]!r}")
+                problems.append(leak_problem("the workspace", locate_block(block, broken_root, rels), block))
             if env_index and block in env_index:
-                problems.append(f"deleted source found in the environment: {first[:80]!r}")
+                problems.append(leak_problem("the environment", "", block))
     return problems
+
+
+def leak_problem(where: str, location: str, block: str) -> str:
+    """How a copy of deleted source is reported: where (and at which REL:LINE) and its first line."""
+    at = f" at {location}" if location else ""
+    return f"deleted source found in {where}{at}: {block.splitlines()[0][:80]!r}"
 
 
 def installed_copies(site_packages: Path, packages: tuple[str, ...]) -> list[str]:

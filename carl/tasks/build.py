@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import shlex
 import shutil
 import time
@@ -33,6 +32,7 @@ from carl.io import append_jsonl, read_jsonl
 from carl.sandbox.base import Sandbox, SandboxConfig
 from carl.tasks.audit import TEXT_SUFFIXES, installed_copies, normalise, text_index
 from carl.tasks.candidates import all_definitions, find_candidates, invert_test_map, plan
+from carl.tasks.catalog import CatalogEntry, read_catalog
 from carl.tasks.environment import (
     PURE_PYTHON_ENV,
     dist_name,
@@ -47,7 +47,7 @@ from carl.tasks.scrub import scrub_tree
 from carl.tasks.sources import fetch_source, parse_source, tree_hash
 from carl.tasks.store import append_task, store_dir
 from carl.tasks.suite import run_suite
-from carl.tasks.validate import RepoContext, instance_id, validate_candidate
+from carl.tasks.validate import Drop, RepoContext, instance_id, validate_candidate
 
 DEFAULT_PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no")
 _VALUE_OPTIONS = {
@@ -105,7 +105,8 @@ class BuildConfig:
     """Also search the environment's site-packages for deleted source (off only for tests that
     borrow a huge venv)."""
     catalog: str | None = None
-    """A dev.jsonl-style file: per package name its test_deps, test_command and env."""
+    """A catalog (carl.tasks.catalog, docs/tasks.md): per package name its test_deps,
+    test_command and env."""
 
     def __post_init__(self) -> None:
         if self.max_per_repo <= 0:
@@ -153,11 +154,38 @@ class RepoResult:
     """Per validated task: wall time spent validating it (runs, copy, audit)."""
     task_runs_s: list[list[float]] = field(default_factory=list)
     """Per validated task: wall time of each test run (broken, broken again[, gold])."""
+    n_failing_tests: int = 0
+    """Distinct FAIL_TO_PASS test ids across the repo's tasks."""
+    drop_details: dict[str, str] = field(default_factory=dict)
+    """Drop reason -> the detail of its first drop that had one (where a leak was found)."""
+    warning: str = ""
+    """Set when the tasks look weak as a whole (`few_tests_warning`)."""
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}
         d["drops"] = dict(self.drops)
         return d
+
+
+FEW_TESTS_MIN_TASKS = 6
+TASKS_PER_FAILING_TEST = 3
+
+
+def few_tests_warning(n_tasks: int, n_failing_tests: int) -> str:
+    """A warning when many tasks rest on very few tests, else "".
+
+    A task is graded by its FAIL_TO_PASS tests. When a repo's tasks (at least
+    FEW_TESTS_MIN_TASKS) draw on fewer than one distinct failing test per TASKS_PER_FAILING_TEST
+    tasks, the same few coarse checks grade them all (a package whose only tests were two
+    doctests gave 30 tasks): a reward says little about the deleted feature, and the tasks are
+    near-duplicates as training signal. Under the threshold a task has, on average, tests of
+    its own.
+    """
+    if n_tasks < FEW_TESTS_MIN_TASKS or n_failing_tests * TASKS_PER_FAILING_TEST >= n_tasks:
+        return ""
+    return (f"few tests: {n_tasks} tasks rest on {n_failing_tests} distinct failing test"
+            f"{'s' if n_failing_tests != 1 else ''} ({n_tasks / max(n_failing_tests, 1):.0f} tasks a test); "
+            "they grade the deleted features only coarsely (more tests, or a lower --max-per-repo)")
 
 
 SandboxFactory = Callable[[Path, SandboxConfig], Sandbox]
@@ -206,8 +234,9 @@ def _build(
 ) -> None:
     source, original, source_hash, layout = _fetch_original(spec, store, tmp)
     result.name = source.name
-    entry = _catalog_entry(cfg.catalog, source.name)
-    options, targets = split_test_command(entry.get("test_command", shlex.join(DEFAULT_PYTEST)))
+    entry = read_catalog(cfg.catalog).get(source.name.lower()) if cfg.catalog else None
+    entry = entry or CatalogEntry(source.name)
+    options, targets = split_test_command(entry.test_command or shlex.join(DEFAULT_PYTEST))
     test_command = (
         *options,
         "--tb=short",
@@ -300,8 +329,10 @@ def _build(
                 wsb = stack.enter_context(closing(open_sandbox(original, sandbox_cfg)))
                 workers.append(dataclasses.replace(ctx, sandbox=wsb, scratch=scratch, stats={}))
             t_validate = time.perf_counter()
-            _make_tasks(workers, candidates, out, cfg, result, store, on_task)
+            failing = _make_tasks(workers, candidates, out, cfg, result, store, on_task)
             result.validate_s = time.perf_counter() - t_validate
+    result.n_failing_tests = len(failing)
+    result.warning = few_tests_warning(result.n_tasks, result.n_failing_tests)
 
 
 def _fetch_original(spec: str, store: Path, tmp: Path):
@@ -319,35 +350,36 @@ def _fetch_original(spec: str, store: Path, tmp: Path):
     return source, original, source_hash, layout
 
 
-def _environment(original: Path, layout, name: str, entry: dict, cfg: BuildConfig) -> dict:
+def _environment(original: Path, layout, name: str, entry: CatalogEntry, cfg: BuildConfig) -> dict:
     """TaskRecord.environment: the prepared venv (never holding the package under test) and env vars."""
-    requirements = repo_requirements(original, entry.get("test_deps", []))
-    if cfg.python_env:
-        env_path = Path(cfg.python_env)
-    else:
-        env_path = prepare_env(requirements, exclude=sorted({name, dist_name(original) or name}))
+    requirements = repo_requirements(original, list(entry.test_deps))
+    exclude = sorted({name, dist_name(original) or name})
+    env_path = Path(cfg.python_env) if cfg.python_env else prepare_env(requirements, exclude=exclude)
     installed = installed_copies(site_packages(env_path), layout.packages)
     if installed:
         raise RepoFailure(f"the environment has an installed copy of {installed}: deleted code would leak")
     return {
         "python": python_version(),
         "requirements": requirements,
+        "exclude": exclude,
         "path": str(env_path),
-        "env": {**PURE_PYTHON_ENV, **entry.get("env", {})},
+        "env": {**PURE_PYTHON_ENV, **entry.env},
         "pythonpath": list(layout.pythonpath),
     }
 
 
 def _make_tasks(
     workers: list[RepoContext], candidates, out: Path, cfg: BuildConfig, result: RepoResult, store: Path, on_task
-) -> None:
-    """Validate candidates in plan order on the worker contexts (one candidate per worker at a time).
+) -> set[str]:
+    """Validate candidates in plan order on the worker contexts (one candidate per worker at a time);
+    the FAIL_TO_PASS test ids of the repo's tasks (those of an earlier run included).
 
     Results are recorded here, in the calling thread, in completion order; a repo stops taking
     new candidates once validated + in-flight tasks reach max_per_repo or the attempts run out.
     """
     ctx = workers[0]
-    done = _existing_ids(out)
+    done = _existing_tasks(out)
+    failing: set[str] = set()
     max_attempts = cfg.max_attempts_per_repo or 4 * cfg.max_per_repo
     todo = iter(plan(candidates, list(cfg.modes), list(cfg.kinds), cfg.seed))
     free = list(workers)
@@ -357,8 +389,10 @@ def _make_tasks(
         for cand, mode in todo:
             if result.n_tasks + len(running) >= cfg.max_per_repo or result.n_attempts >= max_attempts:
                 return False
-            if instance_id(ctx, cand, mode) in done:  # made by an interrupted earlier run
+            iid = instance_id(ctx, cand, mode)
+            if iid in done:  # made by an interrupted earlier run
                 result.n_tasks += 1
+                failing.update(done[iid])
                 continue
             result.n_attempts += 1
             w = free.pop()
@@ -374,15 +408,19 @@ def _make_tasks(
             for fut in finished:
                 w, cand, mode, t_task = running.pop(fut)
                 task = fut.result()
-                if isinstance(task, str):
-                    result.drops[task] += 1
+                if isinstance(task, Drop):
+                    result.drops[task.reason] += 1
+                    if task.detail:
+                        result.drop_details.setdefault(task.reason, task.detail)
                     append_jsonl(
                         store / "drops.jsonl",
-                        {"repo": ctx.name, "candidate": cand.name, "kind": cand.kind, "mode": mode, "reason": task},
+                        {"repo": ctx.name, "candidate": cand.name, "kind": cand.kind, "mode": mode,
+                         "reason": task.reason, **({"detail": task.detail} if task.detail else {})},
                     )
                 else:
                     append_task(out, task)
                     result.n_tasks += 1
+                    failing.update(task.FAIL_TO_PASS)
                     result.task_wall_s.append(time.perf_counter() - t_task)
                     result.task_test_s.append(sum(task.test_timings.values()))
                     result.task_runs_s.append(w.stats.pop("runs_s"))
@@ -391,6 +429,7 @@ def _make_tasks(
                     on_task(result)
             while free and submit_next():
                 pass
+    return failing
 
 
 class RepoFailure(RuntimeError):
@@ -455,19 +494,9 @@ def _workspace_index(root: Path) -> dict[str, str]:
     return out
 
 
-def _existing_ids(out: Path) -> set[str]:
-    return {d["instance_id"] for d in read_jsonl(out)} if out.is_file() else set()
-
-
-def _catalog_entry(catalog: str | None, name: str) -> dict:
-    if not catalog:
-        return {}
-    for line in Path(catalog).read_text().splitlines():
-        if line.strip():
-            d = json.loads(line)
-            if d.get("name", "").lower() == name.lower():
-                return d
-    return {}
+def _existing_tasks(out: Path) -> dict[str, list[str]]:
+    """instance_id -> FAIL_TO_PASS of the tasks already in the task file."""
+    return {d["instance_id"]: d.get("FAIL_TO_PASS", []) for d in read_jsonl(out)} if out.is_file() else {}
 
 
 def missing_module(output: str) -> str | None:

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--workers", type=int, default=2, help="candidates validated at once (one sandbox each)")
     b.add_argument("--backend", default="bwrap", choices=list(HOST_BACKENDS), help="sandbox backend")
-    b.add_argument("--catalog", help="dev.jsonl-style file with test_deps / test_command / env per package")
+    b.add_argument("--catalog", help="JSONL, a package a line: test_deps, test_command, env (docs/tasks.md)")
     b.add_argument("--python-env", help="use this venv instead of preparing one per repo")
     b.add_argument(
         "--no-gold-run", action="store_true", help="trust byte-exact gold patch instead of a 3rd run"
@@ -61,9 +61,17 @@ def _build(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from carl.errors import UserError
-    from carl.tasks.build import BuildConfig, build_repo, check_sources, finished_specs, record_finished
+    from carl.tasks.build import (
+        BuildConfig,
+        RepoResult,
+        build_repo,
+        check_sources,
+        finished_specs,
+        record_finished,
+    )
+    from carl.tasks.catalog import read_catalog
+    from carl.tasks.report import repo_note, summary_table
     from carl.tasks.store import store_dir
-    from carl.tasks.report import summary_table
 
     try:
         cfg = BuildConfig(
@@ -84,21 +92,26 @@ def _build(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     check_sources(args.sources)
+    if cfg.catalog:
+        read_catalog(cfg.catalog)  # a bad catalog is the user's to fix before any work
     out = Path(args.out)
     try:
         done = finished_specs(out)
     except ValueError as e:  # a garbled repos.jsonl; the message names the file and line
         raise UserError(f"cannot resume: {e}") from None
-    console = Console(stderr=True)
+    # One line a repo on stdout as it finishes, flushed, so a log or a pipe shows progress as it
+    # goes; the live bar is on stderr and drawn only when that is a terminal (then the lines print
+    # above it).
+    def line(text: str) -> None:
+        print(text, flush=True)
+
     results = []
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=Console(stderr=True), transient=True) as progress:
         for spec in args.sources:
             if spec in done:
-                from carl.tasks.build import RepoResult
-
                 results.append(RepoResult(spec, name=spec, status="skipped"))
-                console.print(f"{spec}: skipped, built into {out} before (its line in {store_dir(out)}/repos.jsonl; "
-                              "a build that failed without tasks is tried again)")
+                line(f"{spec}: skipped, built into {out} before (its line in {store_dir(out)}/repos.jsonl; "
+                     "a build that failed without tasks is tried again)")
                 continue
             bar = progress.add_task(spec, total=cfg.max_per_repo)
             result = build_repo(
@@ -112,10 +125,9 @@ def _build(args: argparse.Namespace) -> int:
             progress.remove_task(bar)
             record_finished(out, result)
             results.append(result)
-            console.print(
-                f"{spec}: {result.status} {result.n_tasks} tasks in {result.wall_s:.0f}s"
-                + (f"  ({result.error})" if result.error else "")
-            )
+            note = repo_note(result)
+            line(f"{spec}: {result.status} {result.n_tasks} tasks in {result.wall_s:.0f}s"
+                 + (f"  ({note})" if note else ""))
     Console().print(summary_table(results))
     return 0 if all(r.status != "failed" for r in results) else 1
 

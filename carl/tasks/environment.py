@@ -9,6 +9,10 @@ workspace and no installed copy of deleted code exists.
 Packages with optional C extensions are never compiled here (the workspace is used as source,
 never built), and scrub deletes `.so` files; `PURE_PYTHON_ENV` adds the switches those packages
 read, so that an installed dependency with such an extension behaves the same way everywhere.
+
+A task record names its venv by absolute path, true only on the machine and cache directory
+that built it; `resolve_env` finds (or re-creates) the venv from what the record pins, so a task
+file runs anywhere with the same Python minor version.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from carl.tasks.audit import installed_copies
+from carl.tasks.record import TaskRecord
 from carl.tasks.store import cache_dir
 
 PURE_PYTHON_ENV = {
@@ -64,6 +70,65 @@ def prepare_env(requirements: list[str], exclude: list[str], *, timeout_s: float
     if not installed_dists(shared, exclude):
         return shared
     return _env(requirements, exclude, timeout_s)
+
+
+def resolve_env(task: TaskRecord) -> str | None:
+    """The venv to run `task`'s tests with on this machine (None: the record names none).
+
+    The record's `environment["path"]` is used when it is a working venv made for the record's
+    pins (its carl-env.json names the same python and requirements; a venv without that file was
+    given with --python-env and is used as it stands). Otherwise (a path from another machine or
+    cache directory, a deleted cache) it is the cached venv for the pins (python, requirements,
+    exclude), prepared on first use (pip: needs the package index, minutes for a long list), and
+    checked like a build's: no installed copy of the package under test. A record without
+    pinned requirements (not made by `carl tasks build`) keeps its path. Requirements are pinned
+    as the package declared them, so a venv re-created later may resolve newer versions of
+    unpinned ones. Memoized per process (rollouts ask for every episode).
+    """
+    env = task.environment
+    key = json.dumps([task.repo, *(env.get(k) for k in ("path", "python", "requirements", "exclude"))])
+    if key not in _RESOLVED:
+        _RESOLVED[key] = _resolve_env(task)
+    return _RESOLVED[key]
+
+
+_RESOLVED: dict[str, str | None] = {}
+
+
+def _resolve_env(task: TaskRecord) -> str | None:
+    env = task.environment
+    path = env.get("path") or None
+    if "requirements" not in env:  # nothing to re-create it from
+        return path
+    if path and _made_for(Path(path), env):
+        return path
+    if env.get("python", python_version()) != python_version():
+        raise EnvPrepError(
+            f"task {task.instance_id}: its environment pins python {env['python']}, this is python "
+            f"{python_version()}, and {path!r} is not a venv for it here; run carl with python "
+            f"{env['python']}")
+    exclude = env.get("exclude") or [task.repo]  # records written before "exclude" was pinned
+    venv = prepare_env(list(env["requirements"]), list(exclude))
+    top_level = tuple(sorted({s.split(":")[0].split(".")[0].split("/")[0] for s in task.deleted_symbols}))
+    copies = installed_copies(site_packages(venv), top_level)
+    if copies:
+        raise EnvPrepError(f"task {task.instance_id}: the re-created environment {venv} has an installed "
+                           f"copy of {copies}: deleted code would leak")
+    return str(venv)
+
+
+def _made_for(venv: Path, env: dict) -> bool:
+    """Whether `venv` works here and was made for the pins of `env` (a record's environment)."""
+    if not (venv / "bin" / "python").exists():  # follows the link: a copied venv's base python may be missing
+        return False
+    try:
+        made = json.loads((venv / "carl-env.json").read_text())
+    except FileNotFoundError:
+        return True  # the user's venv (--python-env)
+    except (OSError, ValueError):
+        return False
+    return made.get("python") == env.get("python") and sorted(made.get("requirements", [])) == sorted(
+        env["requirements"])
 
 
 def installed_dists(env: Path, names: list[str]) -> list[str]:

@@ -56,8 +56,10 @@ class TaskRecord:
     test_files: tuple[str, ...] = ()
     """Repo-relative paths of test files and test config the reward must restore."""
     environment: dict[str, Any] = field(default_factory=dict)
-    """{"python": "3.11", "requirements": [...], "path": venv dir, "env": {...},
-    "pythonpath": ["src"] or []}."""
+    """{"python": "3.11", "requirements": [...], "exclude": [distributions uninstalled],
+    "path": venv dir, "env": {...}, "pythonpath": ["src"] or []}. "path" holds on the machine
+    that built the task; python, requirements and exclude pin the venv, which
+    `carl.tasks.environment.resolve_env` re-creates from them anywhere else."""
     broken_repo: str = ""
     """Directory of the scrubbed broken repo snapshot (a sandbox is created from it)."""
     test_timings: dict[str, float] = field(default_factory=dict)

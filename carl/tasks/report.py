@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from carl.io import read_jsonl
 from carl.tasks.record import TaskRecord
@@ -29,9 +30,16 @@ def summary_table(results) -> Table:
             drops or "-",
             str(r.n_tests),
             f"{r.wall_s:.0f}",
-            r.error[:400],
+            Text(repo_note(r)),  # plain text: "[...]" in an error or in code is not markup
         )
     return t
+
+
+def repo_note(r) -> str:
+    """What a repo's row and line add to the counts: its error, its warning, and per drop reason
+    the first drop's detail (where a leak was found)."""
+    details = [f"{reason} e.g. {detail}" for reason, detail in sorted(r.drop_details.items())]
+    return "; ".join(x for x in (r.error, r.warning, *details) if x)[:400]
 
 
 def stats_tables(tasks: list[TaskRecord], tasks_path: str | Path) -> list[Table]:
@@ -52,12 +60,17 @@ def stats_tables(tasks: list[TaskRecord], tasks_path: str | Path) -> list[Table]
         tables.append(table)
     drops_path = store_dir(tasks_path) / "drops.jsonl"
     if drops_path.is_file():
-        drops = Counter((d["repo"], d["reason"]) for d in read_jsonl(drops_path))
+        rows = read_jsonl(drops_path)
+        drops = Counter((d["repo"], d["reason"]) for d in rows)
+        example: dict[tuple[str, str], str] = {}
+        for d in rows:
+            if d.get("detail"):
+                example.setdefault((d["repo"], d["reason"]), f"{d.get('candidate', '?')}: {d['detail']}")
         table = Table(title="drop reasons")
-        for col in ("repo", "reason", "count"):
-            table.add_column(col)
+        for col in ("repo", "reason", "count", "e.g. (candidate: where)"):
+            table.add_column(col, overflow="fold")
         for (repo, reason), n in sorted(drops.items()):
-            table.add_row(repo, reason, str(n))
+            table.add_row(repo, reason, str(n), Text(example.get((repo, reason), "")))
         tables.append(table)
     return tables
 

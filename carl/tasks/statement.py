@@ -8,6 +8,7 @@ OpenAI-compatible model to rewrite it as a user would (optional; needs carl.engi
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from carl.tasks.delete import Candidate
 from carl import pyast
 
 MAX_LISTED_TESTS = 10
+MAX_SUMMARY_CHARS = 160
+"""Length budget of a definition's one-line summary (from its docstring) in a statement."""
 
 
 def template_statement(
@@ -47,8 +50,7 @@ def template_statement(
         sig, doc = _signature_and_doc(original_root / d.file, d.start, d.end)
         lines.append(f"- `{d.module}.{d.qualname}` in `{d.file}`: `{sig}`")
         if doc:
-            first = doc.strip().splitlines()[0]
-            lines.append(f"  {first}")
+            lines.append(f"  {summary_line(doc)}")
     lines.append("")
     shown = fail_to_pass[:MAX_LISTED_TESTS]
     lines.append("These tests currently fail and must pass:")
@@ -63,6 +65,46 @@ def template_statement(
             "from the original before grading, so editing them changes nothing."
         )
     return "\n".join(lines) + "\n"
+
+
+def summary_line(doc: str, max_chars: int = MAX_SUMMARY_CHARS) -> str:
+    """A docstring's first sentence, as one line of at most `max_chars` characters.
+
+    The first paragraph (up to a blank line, a doctest prompt or a field list) is read as one
+    line: authors wrap a first sentence over lines, so the docstring's first line often stops
+    mid-sentence. The summary ends at the first sentence end ("e.g." and the like are not one).
+    A first sentence over budget is cut at its last clause boundary (, ; : or a dash) in the
+    budget's second half, else at its last word boundary, and " ..." marks the cut; a word is
+    only cut when one word alone exceeds the budget.
+    """
+    para = []
+    for line in doc.strip().splitlines():
+        line = line.strip()
+        if not line or line.startswith((">>>", ":")):
+            break
+        para.append(line)
+    text = " ".join(para)
+    end = _sentence_end(text)
+    if end <= max_chars:
+        return text[:end]
+    room = max_chars - len(" ...")
+    clause = max((m.start() for m in _CLAUSE.finditer(text[: room + 1])), default=0)
+    word = text.rfind(" ", 0, room + 1)
+    cut = clause if clause >= room // 2 else word if word > 0 else room
+    return text[:cut].rstrip(" ,;:-") + " ..."
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+_CLAUSE = re.compile(r"[,;:](?=\s)|\s(?:-{1,2}|\u2014)\s")
+_NOT_AN_END = ("e.g.", "i.e.", "etc.", "vs.", "cf.")
+
+
+def _sentence_end(text: str) -> int:
+    """Index just past the first sentence of `text` (its length when it has no sentence end)."""
+    for m in _SENTENCE_END.finditer(text):
+        if not text[: m.end()].rsplit(None, 1)[-1].lower().endswith(_NOT_AN_END):
+            return m.end()
+    return len(text)
 
 
 def model_statement(template: str, policy, max_new_tokens: int = 1024) -> str:

@@ -6,11 +6,14 @@ A task file `DIR/NAME.jsonl` (one TaskRecord a line, append-only) has its store 
         originals/<source_hash[:16]>/   the scrubbed original tree of each repo (for gold checks)
         broken/<instance_id>/           the scrubbed broken repo of each task (sandboxes copy it)
         repos.jsonl                     one line per finished repo (build resumes from it)
-        drops.jsonl                     one line per dropped candidate, with its reason
+        drops.jsonl                     one line per dropped candidate: its reason, and a detail
+                                        where one place is to blame (where a leak was found)
 
 Paths inside records are written relative to DIR, so a task file and its store move together;
 `load_tasks` makes them absolute. Prepared virtual environments are shared by all task files in
-`$CARL_CACHE_DIR/envs/<requirements hash>` (default `~/.cache/carl/envs`).
+`$CARL_CACHE_DIR/envs/<requirements hash>` (default `~/.cache/carl/envs`); a record pins what
+its venv holds, and `sandbox_config_for` re-creates it there when the recorded path is not a
+venv for those pins on this machine.
 """
 
 from __future__ import annotations
@@ -95,15 +98,20 @@ def original_repo_dir(task: TaskRecord) -> Path:
 def sandbox_config_for(task: TaskRecord, base: SandboxConfig) -> SandboxConfig:
     """`base` with the task's prepared venv as python_env and the task's env vars added.
 
-    PYTHONPATH entries (e.g. `src` for a src layout) are relative to the workspace, which is the
-    working directory of every exec; test_command also carries `-o pythonpath=...` for pytest.
+    The venv is the record's path when that is a venv for the record's pins on this machine,
+    else the one re-created from the pins (`carl.tasks.environment.resolve_env`: the first call
+    for a repo on a new machine may install its requirements). PYTHONPATH entries (e.g. `src`
+    for a src layout) are relative to the workspace, which is the working directory of every
+    exec; test_command also carries `-o pythonpath=...` for pytest.
     """
+    from carl.tasks.environment import resolve_env  # it imports this module
+
     env = dict(base.env)
     env.update(task.environment.get("env", {}))
     pythonpath = task.environment.get("pythonpath") or []
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*pythonpath, "."])
-    return dataclasses.replace(base, python_env=task.environment.get("path") or None, env=env)
+    return dataclasses.replace(base, python_env=resolve_env(task), env=env)
 
 
 def relative_to_tasks_file(path: Path, tasks_path: str | Path) -> str:

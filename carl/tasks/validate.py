@@ -30,8 +30,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from carl.sandbox.base import Sandbox, SandboxConfig
-from carl.tasks.audit import deleted_blocks, normalise
+from carl.tasks.audit import deleted_blocks, leak_problem, locate_block, normalise
 from carl.tasks.delete import Candidate, DeletionError, apply_deletion
+from carl.tasks.environment import site_packages
 from carl.tasks.layout import Layout
 from carl.tasks.patch import apply_patch, diff_stats, read_text, tree_diff
 from carl.tasks.record import TaskRecord
@@ -51,6 +52,17 @@ DROP_REASONS = (
     "nondeterministic",  # run 2 disagreed with run 1
     "gold_fails",  # with the gold patch applied a selected test still fails
 )
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Why a (candidate, mode) gave no task."""
+
+    reason: str
+    """One of DROP_REASONS."""
+    detail: str = ""
+    """What was found, where one place is to blame: for "leak", the copies of deleted source
+    with the file and line each was found at (the first three), or the leftover artifacts."""
 
 
 @dataclass
@@ -97,27 +109,31 @@ def instance_id(ctx: RepoContext, cand: Candidate, mode: str) -> str:
     return f"{ctx.name}__{version}-{cand.kind}-{mode}-{digest}"
 
 
-def validate_candidate(ctx: RepoContext, cand: Candidate, mode: str) -> TaskRecord | str:
-    """The validated task (its broken repo saved in the store), or the drop reason (DROP_REASONS)."""
+def validate_candidate(ctx: RepoContext, cand: Candidate, mode: str) -> TaskRecord | Drop:
+    """The validated task (its broken repo saved in the store), or why it was dropped."""
     iid = instance_id(ctx, cand, mode)
     try:
         changed = apply_deletion(ctx.scratch, cand, mode, ctx.layout)
     except DeletionError:
-        return "deletion_failed"
+        return Drop("deletion_failed")
     try:
         return _validate(ctx, cand, mode, iid, changed)
     finally:
         _restore(ctx.scratch, ctx.original, changed)
 
 
-def _validate(ctx: RepoContext, cand: Candidate, mode: str, iid: str, changed: list[str]) -> TaskRecord | str:
+def _validate(
+    ctx: RepoContext, cand: Candidate, mode: str, iid: str, changed: list[str]
+) -> TaskRecord | Drop:
     broken = ctx.scratch
     forward = tree_diff(ctx.original, broken, changed)
     gold = tree_diff(broken, ctx.original, changed)
     if not _gold_is_exact(broken, ctx.original, changed, gold):
-        return "gold_patch_mismatch"
-    if _audit(ctx, broken, changed, forward):
-        return "leak"
+        return Drop("gold_patch_mismatch")
+    problems = _audit(ctx, broken, changed, forward)
+    if problems:
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        return Drop("leak", "; ".join(problems[:3]) + more)
 
     selected = set(cand.tests)
     changed_set = set(changed)
@@ -132,22 +148,22 @@ def _validate(ctx: RepoContext, cand: Candidate, mode: str, iid: str, changed: l
     try:
         run1 = _run(ctx, sb, targets, imports)
         if run1.import_errors:
-            return "import_broken"
+            return Drop("import_broken")
         if not run1.completed:
-            return "timeout" if run1.timed_out else "crash"
+            return Drop("timeout" if run1.timed_out else "crash")
         fail = sorted(t for t in targets if not run1.passed(t))
         ok = sorted(t for t in targets if run1.passed(t))
         if not fail:
-            return "no_failing_test"
+            return Drop("no_failing_test")
         run2 = _run(ctx, sb, targets, imports)
         if not run2.completed or sorted(t for t in targets if not run2.passed(t)) != fail:
-            return "nondeterministic"
+            return Drop("nondeterministic")
     finally:
         _write_files(sb, ctx.original, changed)  # back to the original: the gold patch applied
     if ctx.gold_run:
         gold_run = _run(ctx, sb, targets, imports)
         if not gold_run.completed or any(not gold_run.passed(t) for t in targets):
-            return "gold_fails"
+            return Drop("gold_fails")
 
     ctx.stats["runs_s"] = [run1.wall_s, run2.wall_s] + ([gold_run.wall_s] if ctx.gold_run else [])
     stored = ctx.broken_root / iid
@@ -188,10 +204,14 @@ def _audit(ctx: RepoContext, broken: Path, changed: list[str], forward: str) -> 
             files[rel] = normalise(read_text(broken / rel))
     problems = [f"leftover artifact {rel}" for rel in find_leaks_in(broken, changed)]
     for block in deleted_blocks(forward):
-        if any(block in text for text in files.values()):
-            problems.append(f"deleted source found in the workspace: {block.splitlines()[0][:80]!r}")
-        if ctx.env_index and block in ctx.env_index:
-            problems.append(f"deleted source found in the environment: {block.splitlines()[0][:80]!r}")
+        hits = [rel for rel, text in files.items() if block in text]
+        if hits:
+            problems.append(leak_problem("the workspace", locate_block(block, broken, hits), block))
+        if ctx.env_index and block in ctx.env_index:  # rare: only then look for the file
+            site = site_packages(Path(ctx.environment["path"]))
+            rels = (str(p.relative_to(site)) for p in sorted(site.rglob("*.py")))
+            location = locate_block(block, site, rels)
+            problems.append(leak_problem("the environment", location and f"site-packages/{location}", block))
     return problems
 
 

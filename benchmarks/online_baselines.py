@@ -1,0 +1,93 @@
+"""Which baseline for one-sample production RL: measured on the rewards of served requests.
+
+    .venv/bin/python benchmarks/online_baselines.py --store sqlite:////tmp/carl-online-loop/feedback.db \
+        --out docs/results/online/baselines.json
+
+With one sample per prompt the advantage is reward - b, and the baseline b is as good as it is
+close to the reward it is subtracted from: the policy gradient's variance grows with the mean of
+(reward - b)^2 (for a b that does not depend on the sampled action). This replays the store's
+rewarded requests in store order and, for each, records (reward - b)^2 under every baseline of
+`carl.online.batch`, each computed as the cycle computes it:
+
+    running_mean  the cluster's (user/workspace) moving mean of earlier rewards, else the mean over
+                  all clusters, else the batch mean (carl.online.batch.Baseline, decay 0.9)
+    batch         the mean reward of the request's batch (the requests one version served)
+    zero          no baseline (plain REINFORCE), for reference
+
+Printed: the mean squared advantage of each with its standard error, and the paired difference of
+each against `batch` (per request, its mean and standard error); the per-request values are
+written to --out. `distill` has no policy-gradient term and is not in this comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from carl.online.batch import Baseline  # noqa: E402  (after the path insert)
+from carl.online.signals import SignalWeights, request_reward  # noqa: E402
+from carl.online.store import FeedbackStore, StoreConfig  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--store", required=True, help="feedback store URL")
+    ap.add_argument("--decay", type=float, default=0.9)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    store = FeedbackStore(StoreConfig(url=args.store))
+    try:
+        rows = replay(store, args.decay)
+    finally:
+        store.close()
+    result = summarize(rows)
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"summary": result, "requests": rows}, indent=1))
+
+
+def replay(store: FeedbackStore, decay: float) -> list[dict]:
+    requests = [r for r in store.finished_requests() if request_reward(r, SignalWeights()) is not None]
+    sessions = {r["session_id"]: store.get_session(r["session_id"]) for r in requests}
+    by_version: dict[int, list[float]] = {}
+    for r in requests:
+        by_version.setdefault(r["model_version"], []).append(request_reward(r, SignalWeights()))
+    batch_mean = {v: statistics.fmean(xs) for v, xs in by_version.items()}
+    running = Baseline()
+    rows = []
+    for r in requests:
+        reward = request_reward(r, SignalWeights())
+        s = sessions[r["session_id"]]
+        key = f"{s['user']}/{s['workspace']}"
+        prior = running.value(key)
+        b = {"running_mean": batch_mean[r["model_version"]] if prior is None else prior,
+             "batch": batch_mean[r["model_version"]], "zero": 0.0}
+        running.add(key, reward, decay)
+        rows.append({"id": r["id"], "version": r["model_version"], "cluster": key, "reward": reward,
+                     **{f"sq_{name}": (reward - v) ** 2 for name, v in b.items()}})
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    n = len(rows)
+    out: dict = {"requests": n}
+    if n < 2:
+        return out
+    for name in ("running_mean", "batch", "zero"):
+        xs = [r[f"sq_{name}"] for r in rows]
+        out[name] = {"mean_sq_advantage": statistics.fmean(xs), "se": statistics.stdev(xs) / n ** 0.5}
+    for name in ("running_mean", "zero"):
+        d = [r[f"sq_{name}"] - r["sq_batch"] for r in rows]
+        out[f"{name}_minus_batch"] = {"mean": statistics.fmean(d), "se": statistics.stdev(d) / n ** 0.5}
+    return out
+
+
+if __name__ == "__main__":
+    main()
