@@ -15,6 +15,10 @@ Then the two failure paths, on the same service:
   rollback   that candidate deployed anyway (bypassing the gate), a round of traffic, a cycle: the
              live kept rate falls below the previous version's and the cycle must roll it back
 
+`--phase cycles` runs the improvement cycles only and `--phase failures` only the two failure
+paths, continuing what a cycles run left in --work (its store, loop state and deployed version;
+new simulated users, since tokens are shown once): the two can run at different times.
+
 Written to --out: every request's outcome (user, task, version, passed, latency), every cycle's
 report, and the kept-edit rate per version with its binomial standard error; plots next to it.
 """
@@ -26,10 +30,8 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,6 +45,7 @@ from carl.online.store import StoreConfig  # noqa: E402
 from carl.sandbox.base import SandboxConfig  # noqa: E402
 from carl.tasks import load_tasks  # noqa: E402
 from carl.train.config import RLConfig  # noqa: E402
+from serve_load import free_port, wait_healthy  # noqa: E402  (benchmarks/, next to this file)
 
 
 def main() -> None:
@@ -51,20 +54,25 @@ def main() -> None:
     ap.add_argument("--base-step", type=int, default=0)
     ap.add_argument("--users", type=int, default=3)
     ap.add_argument("--cycles", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--lr", type=float, default=1e-4, help="the embedded default's RL learning rate")
+    ap.add_argument("--gate-samples", type=int, default=1, help="samples per bench task in the gate")
     ap.add_argument("--steps", type=int, default=2, help="RL steps per cycle")
     ap.add_argument("--degrade-lr-factor", type=float, default=10.0)
     ap.add_argument("--work", default="/tmp/carl-online-loop")
     ap.add_argument("--out", default="docs/results/online/loop.json")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--phase", choices=["all", "cycles", "failures"], default="all",
+                    help="cycles: the improvement cycles only; failures: only the degraded candidate and the "
+                    "rollback, continuing the service, store and loop state a `cycles` run left in --work")
     args = ap.parse_args()
 
     run, work = Path(args.run), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     traffic_tasks = load_tasks(run / "micro" / "rl.jsonl", require_repos=True)
     sandbox = SandboxConfig(backend="bwrap")
-    users, admin = provision(traffic_tasks, [f"user{i}" for i in range(args.users)], work / "ws", work / "users",
-                             work / "home")
+    prefix = "late" if args.phase == "failures" else "user"  # tokens are shown once: a later phase adds users
+    users, admin = provision(traffic_tasks, [f"{prefix}{i}" for i in range(args.users)], work / "ws", work / "users",
+                             work / "home", admin=f"{prefix}-admin")
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}"
     store = StoreConfig(url=f"sqlite:///{work / 'feedback.db'}")
@@ -81,8 +89,8 @@ def main() -> None:
         cfg = OnlineConfig(base=f"{run}:{args.base_step}", weights_dir=str(work / "weights"),
                            run_dir=str(work / "online"), serve_url=url, workspaces=str(work / "ws"), store=store,
                            min_requests=8, signal_wait_s=0.0, rl=RLConfig(steps=args.steps, lr=args.lr),
-                           gate=GateConfig(eval_tasks=str(run / "micro" / "eval.jsonl"), samples_per_task=2,
-                                           replay_requests=4, z=1.0),
+                           gate=GateConfig(eval_tasks=str(run / "micro" / "eval.jsonl"),
+                                           samples_per_task=args.gate_samples, replay_requests=4),
                            rollback=RollbackConfig(min_requests=8, z=1.0), cadence_s=0)
         loop = OnlineLoop(cfg)
 
@@ -100,17 +108,20 @@ def main() -> None:
             with ServeClient(url, user.token, timeout_s=1800) as client:
                 return act(user, client, task, sandbox)
 
-        for c in range(args.cycles):
-            round_of_traffic(f"cycle{c + 1}")
-            reports.append(loop.run_cycle())
+        if args.phase in ("all", "cycles"):
+            for c in range(args.cycles):
+                round_of_traffic(f"cycle{c + 1}")
+                reports.append(loop.run_cycle())
+                save(args.out, outcomes, reports, loop)
+            round_of_traffic("final")  # the last deployed version's own traffic
             save(args.out, outcomes, reports, loop)
-        round_of_traffic("final")  # the last deployed version's own traffic
-        save(args.out, outcomes, reports, loop)
+        if args.phase == "cycles":
+            return
 
         # a degraded candidate: inverted advantages, a larger step; the gate must block it
         from carl.online.batch import Baseline, build_batch
 
-        served = loop.store.finished_requests(model_version=loop.state.deployed["version"])
+        served = loop.store.finished_requests()  # everything served so far
         batch = build_batch(served, loop._cluster_of, cfg.signals, Baseline(), "batch")
         for r in batch.rollouts:
             r.advantage = -r.advantage
@@ -148,28 +159,6 @@ def save(out: str, outcomes: list[dict], reports: list[dict], loop: OnlineLoop) 
     path.write_text(json.dumps({"per_version": per_version, "reports": reports, "outcomes": outcomes,
                                 "state": loop.state.__dict__}, indent=1, default=str))
     plot_kept_rates(loop.store, loop.state, path.with_suffix(".png"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"carl serve exited with {proc.returncode}; see its log")
-        try:
-            if httpx.get(url + "/v1/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("carl serve did not answer in time")
 
 
 if __name__ == "__main__":

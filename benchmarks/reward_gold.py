@@ -31,7 +31,6 @@ that runs tests and reads files on its way (the monitor sees only these write_fi
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from carl.eval.grade_report import wilson_interval
 from carl.harness.agent import EpisodeLimits, run_episode
 from carl.harness.policies import ScriptedChatPolicy
 from carl.harness.protocol import render_call
@@ -265,7 +265,7 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     scored = [r for r in rows if not r.get("error") and not r.get("gold_infra_failure")]
     passed = sum(r["gold_test_reward"] == 1.0 for r in scored)
     flagged = sum(bool(r["gold_flags"]) for r in scored)
-    lo, hi = wilson(passed, len(scored))
+    lo, hi = wilson_interval(passed, len(scored))
     return {
         "tasks": len(rows),
         "scored": len(scored),
@@ -281,17 +281,6 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "with_doctest_ids": sum(r["n_doctest_ids"] > 0 for r in rows),
         "gold_not_exact": sum(r.get("gold_written_exact") is False for r in rows),
     }
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion (Wilson 1927); (0, 1) when n == 0."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
 
 
 def print_report(console: Console, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:

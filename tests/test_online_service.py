@@ -221,3 +221,21 @@ def test_a_kill_9_mid_load_loses_no_record_a_client_was_given(tmp_path):
     s = result["summary"]
     assert s["killed"] and s["done"] >= 2 and s["dropped"] > 0  # the kill landed mid-load
     assert s["store"] == {"missing_sessions": 0, "lost_finished_requests": 0, "integrity": "ok"}
+
+
+def test_edits_are_applied_inside_the_session_copy_only(tmp_path):
+    from carl.online.workspaces import apply_changes
+    from carl.rewards.diff import FileChange, WorkspaceDiff
+
+    root, outside = tmp_path / "repo", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)  # a directory link the agent left in the workspace
+    changes = WorkspaceDiff(changes=tuple(FileChange(p, "added", None, b"x") for p in (
+        "../escape.txt", "/etc/evil", "a/../../b.txt", "link/through.txt", "ok/new.txt")) + (
+        FileChange("made_link", "added", None, b"/etc/passwd", symlink=True),))
+    skipped = apply_changes(root, changes)
+    assert sorted(skipped) == sorted(["../escape.txt", "/etc/evil", "a/../../b.txt", "link/through.txt", "made_link"])
+    assert (root / "ok" / "new.txt").read_bytes() == b"x"
+    assert list(outside.iterdir()) == [] and not (tmp_path / "escape.txt").exists() and not (tmp_path / "b.txt").exists()
+    assert not (root / "made_link").exists()

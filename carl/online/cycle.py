@@ -47,8 +47,9 @@ class GateConfig:
     eval_tasks: str = ""
     """The held-out bench: a carl tasks JSONL (e.g. a micro world's eval.jsonl). Required."""
     samples_per_task: int = 2
-    z: float = 1.0
-    """A regression counts when it exceeds z standard errors of the paired difference."""
+    z: float = 1.64
+    """A regression counts when it exceeds z standard errors of the paired difference (1.64: a
+    candidate no better or worse than the deployed model is blocked about 5% of the time)."""
     replay_requests: int = 8
     """Recent production requests replayed on candidate and deployed (0: no replay)."""
 
@@ -125,10 +126,10 @@ class OnlineConfig:
 def gate_decision(bench: dict[str, float], replay: dict[str, float] | None, z: float) -> dict[str, Any]:
     """Pass iff the bench's pass@1 does not fall by more than z paired SEs and (with a replay) the
     flagged share does not rise by more than z paired SEs."""
-    reasons = []
-    if bench["diff"] < -z * bench["se"] or (bench["se"] == 0 and bench["diff"] < 0):
+    reasons, eps = [], 1e-9  # a fall of exactly z SEs is not beyond them (in floating point either)
+    if bench["diff"] < -z * bench["se"] - eps:
         reasons.append(f"bench pass@1 fell by {-bench['diff']:.3f} (paired SE {bench['se']:.3f})")
-    if replay is not None and (replay["diff"] > z * replay["se"] or (replay["se"] == 0 and replay["diff"] > 0)):
+    if replay is not None and replay["diff"] > z * replay["se"] + eps:
         reasons.append(f"replay: flagged share rose by {replay['diff']:.3f} (paired SE {replay['se']:.3f})")
     return {"pass": not reasons, "reasons": reasons}
 
@@ -223,6 +224,7 @@ class OnlineLoop:
         self.store = FeedbackStore(cfg.store)
         self.deploy_fn = deploy or self._deploy_over_http
         self._weights = None
+        self._bench_outcomes: dict[str, list[bool]] = {}  # model folder -> its bench outcomes (one seed)
         self.state_path = self.run_dir / "state.json"
         self.state = OnlineState.load(self.state_path) or OnlineState(
             deployed={"version": 0, "model": str(model_dir), "deployed_at": time.time()})
@@ -316,19 +318,29 @@ class OnlineLoop:
         flags: dict[str, list[bool]] = {}
         replays = self._replay_requests(requests)
         for name, model in (("deployed", Path(self.state.deployed["model"])), ("candidate", candidate)):
-            self.log(f"gate: {name} on {len(tasks)} bench tasks x {cfg.gate.samples_per_task}"
+            cached = self._bench_outcomes.get(str(model))  # a model's bench episodes repeat under one seed
+            self.log(f"gate: {name}{'' if cached else f' on {len(tasks)} bench tasks x {cfg.gate.samples_per_task}'}"
                      f"{f' and {len(replays)} replayed requests' if replays else ''}")
+            if cached is not None and not replays:
+                outcomes[name] = cached
+                continue
             engine = self._engine(model)
             try:
-                _, rollouts = evaluate(name, engine, tasks, cfg.gate.samples_per_task, eval_limits(tc), tools,
-                                       tc.sandbox, max_workers=tc.rollout.concurrency)
-                outcomes[name] = [r.passed for r in rollouts]
+                if cached is None:
+                    _, rollouts = evaluate(name, engine, tasks, cfg.gate.samples_per_task, eval_limits(tc), tools,
+                                           tc.sandbox, max_workers=tc.rollout.concurrency)
+                    cached = self._bench_outcomes[str(model)] = [r.passed for r in rollouts]
+                outcomes[name] = cached
                 flags[name] = [bool(self._replay_flags(engine, r, tools)) for r in replays]
             finally:
                 engine.close()
         bench = paired_binary(outcomes["deployed"], outcomes["candidate"])
         replay = paired_binary(flags["deployed"], flags["candidate"]) if replays else None
-        return {"bench": bench, "replay": replay, **gate_decision(bench, replay, cfg.gate.z)}
+        samples = [f"{t.instance_id}/{j}" for t in tasks for j in range(cfg.gate.samples_per_task)]
+        per_sample = {"bench": {"samples": samples, **outcomes}}  # what a reviewer needs to redo the numbers
+        if replays:
+            per_sample["replay"] = {"requests": [f"{r['session_id']}/{r['request_index']}" for r in replays], **flags}
+        return {"bench": bench, "replay": replay, **gate_decision(bench, replay, cfg.gate.z), "per_sample": per_sample}
 
     # ---------------------------------------------------------------- helpers
 
