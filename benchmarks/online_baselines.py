@@ -9,14 +9,18 @@ close to the reward it is subtracted from: the policy gradient's variance grows 
 rewarded requests in store order and, for each, records (reward - b)^2 under every baseline of
 `carl.online.batch`, each computed as the cycle computes it:
 
-    running_mean  the cluster's (user/workspace) moving mean of earlier rewards, else the mean over
-                  all clusters, else the batch mean (carl.online.batch.Baseline, decay 0.9)
-    batch         the mean reward of the request's batch (the requests one version served)
-    zero          no baseline (plain REINFORCE), for reference
+    running_mean           the cluster's (user/workspace) moving mean of earlier rewards shrunk
+                           toward the mean over all clusters, else that mean, else the batch mean
+                           (carl.online.batch.Baseline, decay 0.9, prior_count 4)
+    running_mean_unshrunk  the same without shrinkage (prior_count 0)
+    batch                  the mean reward of the request's batch (the requests one version
+                           served), the request's own reward included, as the cycle computes it
+    batch_leave_one_out    the same without the request's own reward (a baseline independent of it)
+    zero                   no baseline (plain REINFORCE), for reference
 
 Printed: the mean squared advantage of each with its standard error, and the paired difference of
-each against `batch` (per request, its mean and standard error); the per-request values are
-written to --out. `distill` has no policy-gradient term and is not in this comparison.
+each against `batch_leave_one_out` (per request, its mean and standard error); the per-request
+values are written to --out. `distill` has no policy-gradient term and is not in this comparison.
 """
 
 from __future__ import annotations
@@ -60,19 +64,31 @@ def replay(store: FeedbackStore, decay: float) -> list[dict]:
     for r in requests:
         by_version.setdefault(r["model_version"], []).append(request_reward(r, SignalWeights()))
     batch_mean = {v: statistics.fmean(xs) for v, xs in by_version.items()}
-    running = Baseline()
+    count = {v: len(xs) for v, xs in by_version.items()}
+    running, unshrunk = Baseline(), Baseline(prior_count=0.0)
     rows = []
     for r in requests:
         reward = request_reward(r, SignalWeights())
         s = sessions[r["session_id"]]
         key = f"{s['user']}/{s['workspace']}"
-        prior = running.value(key)
-        b = {"running_mean": batch_mean[r["model_version"]] if prior is None else prior,
-             "batch": batch_mean[r["model_version"]], "zero": 0.0}
+        v, n = r["model_version"], count[r["model_version"]]
+        b = {"running_mean": _or(running.value(key), batch_mean[v]),
+             "running_mean_unshrunk": _or(unshrunk.value(key), batch_mean[v]),
+             "batch": batch_mean[v],
+             "batch_leave_one_out": (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0,
+             "zero": 0.0}
         running.add(key, reward, decay)
+        unshrunk.add(key, reward, decay)
         rows.append({"id": r["id"], "version": r["model_version"], "cluster": key, "reward": reward,
                      **{f"sq_{name}": (reward - v) ** 2 for name, v in b.items()}})
     return rows
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+NAMES = ("running_mean", "running_mean_unshrunk", "batch", "batch_leave_one_out", "zero")
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -80,12 +96,13 @@ def summarize(rows: list[dict]) -> dict:
     out: dict = {"requests": n}
     if n < 2:
         return out
-    for name in ("running_mean", "batch", "zero"):
+    for name in NAMES:
         xs = [r[f"sq_{name}"] for r in rows]
         out[name] = {"mean_sq_advantage": statistics.fmean(xs), "se": statistics.stdev(xs) / n ** 0.5}
-    for name in ("running_mean", "zero"):
-        d = [r[f"sq_{name}"] - r["sq_batch"] for r in rows]
-        out[f"{name}_minus_batch"] = {"mean": statistics.fmean(d), "se": statistics.stdev(d) / n ** 0.5}
+    for name in NAMES:
+        if name != "batch_leave_one_out":
+            d = [r[f"sq_{name}"] - r["sq_batch_leave_one_out"] for r in rows]
+            out[f"{name}_minus_batch_leave_one_out"] = {"mean": statistics.fmean(d), "se": statistics.stdev(d) / n ** 0.5}
     return out
 
 

@@ -7,9 +7,10 @@
 
 Production has one sample per prompt, so GRPO's group mean is not available. The baselines:
 
-    running_mean   (default) an exponential moving mean of past rewards per cluster (the user's
-                   workspace: the nearest thing production has to "the same prompt"), falling back
-                   to the mean over every cluster for a cluster seen for the first time. The
+    running_mean   (default) a moving mean of past rewards per cluster (the user's workspace: the
+                   nearest thing production has to "the same prompt"), shrunk toward the moving
+                   mean over every cluster (weight n / (n + prior_count) for a cluster seen n
+                   times; the overall mean alone for a new one; the batch mean before any). The
                    request's own reward is added only after its advantage is taken, so it never
                    baselines itself.
     batch          the mean reward of this cycle's batch (a cycle of only good or only bad
@@ -43,11 +44,17 @@ class Baseline:
 
     means: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    prior_count: float = 4.0
+    """Shrinkage: a cluster's own mean of n rewards is weighted n / (n + prior_count) against the
+    mean over all clusters (production sees a cluster a few times: its own mean alone is noisy;
+    measured in benchmarks/online_baselines.py)."""
 
     def value(self, key: str) -> float | None:
-        if key in self.means:
-            return self.means[key]
-        return self.means.get("*")
+        overall = self.means.get("*")
+        if key not in self.means or overall is None:
+            return overall
+        n = self.counts[key]
+        return (n * self.means[key] + self.prior_count * overall) / (n + self.prior_count)
 
     def add(self, key: str, reward: float, decay: float) -> None:
         for k in (key, "*"):
