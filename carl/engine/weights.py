@@ -12,7 +12,8 @@ directory of lossless delta blobs that every engine follows.
                        snapshot and one more try
 
 A new trainer process (a fresh run or a resume) empties the directory and starts with a
-snapshot of its current version: versions in one directory only grow, and a restarted or
+snapshot of its current version (`carl online`, whose service may restart at any time, keeps
+the directory and numbers on above it): versions in one directory only grow, and a restarted or
 freshly started engine catches up from the newest snapshot (`VersionFollower`).
 
 The directory must be readable by the engine: the run directory for an engine on this machine,
@@ -54,12 +55,16 @@ class Published:
 
 
 class WeightStore:
-    def __init__(self, root: str | Path, dtype: torch.dtype, config: DeltaSyncConfig = DeltaSyncConfig()):
+    def __init__(self, root: str | Path, dtype: torch.dtype, config: DeltaSyncConfig = DeltaSyncConfig(),
+                 keep_existing: bool = False):
+        """`keep_existing`: leave the versions already in `root` (a serving engine that restarts may
+        still need them); the next publish, a snapshot, must then number above them."""
         self.root = Path(root)
         self.dtype = dtype
         self.config = config
-        shutil.rmtree(self.root, ignore_errors=True)  # a new numbering (see module docstring)
-        self.root.mkdir(parents=True)
+        if not keep_existing:
+            shutil.rmtree(self.root, ignore_errors=True)  # a new numbering (see module docstring)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.transport = DirectoryTransport(self.root)
         self.encoder = DeltaEncoder(config)
         self._last: tuple[int, dict[str, torch.Tensor]] | None = None

@@ -400,7 +400,8 @@ class OnlineLoop:
         from carl.engine.weights import WeightStore
 
         if self._weights is None:
-            self._weights = WeightStore(self.cfg.weights_dir, _dtype(self.train_cfg.model.dtype))
+            # keep what is there: a restarted service reloads the deployed version from it
+            self._weights = WeightStore(self.cfg.weights_dir, _dtype(self.train_cfg.model.dtype), keep_existing=True)
         _, module = load_model(model, torch.float32)
         self._weights.publish(module, version)
 
