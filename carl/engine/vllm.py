@@ -104,7 +104,8 @@ class VLLMEngine(DefaultSampling):
         sampling = sampling or self.default_sampling
         params: dict[str, Any] = {"max_tokens": max_new_tokens, "temperature": sampling.temperature,
                                   "top_p": sampling.top_p, "stop_token_ids": list(stop_ids), "logprobs": 0,
-                                  "detokenize": False, "skip_special_tokens": False}
+                                  "detokenize": False, "skip_special_tokens": False,
+                                  "ignore_eos": True}  # stop on `stop_ids` only, as every carl engine does
         if seed is not None:
             params["seed"] = seed
         request_id = uuid.uuid4().hex
