@@ -7,19 +7,20 @@
 
 Production has one sample per prompt, so GRPO's group mean is not available. The baselines:
 
-    running_mean   (default) a moving mean of past rewards per cluster (the user's workspace: the
+    running_mean   a moving mean of past rewards per cluster (the user's workspace: the
                    nearest thing production has to "the same prompt"), shrunk toward the moving
                    mean over every cluster (weight n / (n + prior_count) for a cluster seen n
                    times; the overall mean alone for a new one; the batch mean before any). The
                    request's own reward is added only after its advantage is taken, so it never
                    baselines itself.
-    batch          the mean reward of this cycle's batch (a cycle of only good or only bad
-                   requests then learns nothing from its rewards).
+    batch          (default) the mean reward of this cycle's batch (a cycle of only good or only
+                   bad requests then learns nothing from its rewards).
     distill        no policy-gradient term (advantage 0): only self-distillation from the users'
                    follow-ups (rl.sd_weight > 0), the teacher being the same model with the
                    follow-up in context at the turns that went wrong.
 
-Which one works best is measured in docs/online.md (benchmarks/online_baselines.py).
+Measured on 108 served requests (benchmarks/online_baselines.py, docs/online.md): the batch mean
+leaves the smallest squared advantages; the shrunk running mean is 0.45 +- 0.16 above it.
 """
 
 from __future__ import annotations

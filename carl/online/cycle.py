@@ -95,7 +95,8 @@ class OnlineConfig:
     """How long a served request may wait for its signals: a cycle trains on requests in store order
     up to the first one still waiting (younger than this, no reward yet); one older than this
     without a signal is passed by for good."""
-    baseline: str = "running_mean"
+    baseline: str = "batch"
+    """carl.online.batch: "batch" (measured best on served requests: docs/online.md), "running_mean", "distill"."""
     baseline_decay: float = 0.9
     signals: SignalWeights = field(default_factory=SignalWeights)
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=2, lr=1e-5))
