@@ -25,6 +25,7 @@ range; the message names it), 401 auth, 403 forbidden (not an admin), 404 not_fo
 500 internal.
 """
 
+import itertools
 import json
 import queue
 import threading
@@ -199,7 +200,7 @@ class Service:
         repo = self.sessions_dir / session_id / "repo"
         key = f"{session_id}/{index}"
         policy = self.engine.episode(key) if hasattr(self.engine, "episode") else self.engine
-        turns = iter(range(1_000_000))
+        turns = itertools.count()
 
         def on_turn(turn: Turn) -> None:
             record = turn_record(turn)
