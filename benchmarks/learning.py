@@ -16,12 +16,17 @@ the same world), so every arm of a seed starts from the same weights, tasks and 
 many); they differ only in the arm's overrides. A finished run is
 reused, so an interrupted benchmark resumes.
 
-Printed: per seed and arm, warm-start and RL pass@1; per arm the mean and spread (population
-std) over seeds, the paired RL - warm-start difference, how many seeds improved, tokens per
-episode and the tool-call error rate of the RL rollouts; pooled over seeds, how many held-out tasks
-RL solved more often and less often than the warm start (from the per-task eval reports), with an
-exact two-sided sign test. Results go to <out>/learning.json and
-<out>/learning.png (one line per seed: warm start -> after RL).
+Printed: per seed and arm, warm-start and RL pass@1, and from the run's per-task eval reports the
+paired RL - warm-start difference ± its paired standard error (`carl.eval.paired`: sampling noise
+of that seed's evals, when the reports kept per-sample outcomes) and how many held-out tasks RL
+solved more and less often, with an exact two-sided sign test of that seed's split. Per arm over
+seeds: the mean, the sample standard deviation and the 95% Student t-interval of the mean
+(`carl.eval.seeds`) of warm start, after RL and RL - warm start, whether that interval excludes 0,
+how many seeds improved and how many by more than 2 paired standard errors, tokens per episode and
+the tool-call error rate of the RL rollouts. Task counts are not pooled over seeds into one test:
+the seeds, not the tasks, are the replicates of an RL run. Results go to <out>/learning.json (every
+run's row, the over-seeds statistics per arm) and <out>/learning.png (one line per seed: warm start
+-> after RL).
 
 Cost: the first arm of a seed is one full run of the default (about 25-30 minutes on 2 CPU
 cores); each further arm adds its RL phase and final eval (about 15 minutes).
@@ -38,6 +43,8 @@ import tomllib
 from pathlib import Path
 
 from carl.errors import UserError
+from carl.eval.paired import paired_difference
+from carl.eval.seeds import seed_spread
 from carl.train.checkpoint import load_state, save_state
 from carl.train.state import branch_run, extend_run
 
@@ -104,24 +111,10 @@ def main() -> None:
     results = {arm: rows for arm, rows in results.items() if rows}
     if not results:
         raise SystemExit(f"no finished runs under {args.out}")
-    print(f"\nheld-out pass@1 over seeds {args.seeds} (mean ± spread = population std over seeds)")
-    w = max(len(arm) for arm in results) + 1  # arm column width
-    print(f"{'arm':<{w}} {'seeds':>6} {'warm start':>13} {'after RL':>13} {'RL - warm':>13} {'improved':>9} "
-          f"{'tokens/ep':>10} {'tool err':>9} {'batches':>8}")
-    for arm, rows in results.items():
-        warm, rl = [r["warm"] for r in rows], [r["rl"] for r in rows]
-        diff = [b - a for a, b in zip(warm, rl)]
-        print(f"{arm:<{w}} {','.join(str(r['seed']) for r in rows):>6} {_ms(warm):>13} {_ms(rl):>13} {_ms(diff):>13} "
-              f"{sum(d > 0 for d in diff)}/{len(diff):<7} "
-              f"{statistics.mean(r['tokens'] for r in rows):>10.0f} "
-              f"{statistics.mean(r['tool_errors'] for r in rows):>9.2f} "
-              f"{statistics.mean(r['rl_batches'] for r in rows):>8.1f}")
-        if all("tasks_better" in r for r in rows):
-            better, worse = sum(r["tasks_better"] for r in rows), sum(r["tasks_worse"] for r in rows)
-            print(f"{'':<{w}} held-out tasks (all seeds) solved more often after RL: {better}, less often: "
-                  f"{worse}; sign test p = {sign_test(better, worse):.3g}")
+    print_summary(results)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "learning.json").write_text(json.dumps(results, indent=2))
+    (Path(args.out) / "learning.json").write_text(json.dumps(
+        {"runs": results, "over_seeds": {arm: over_seeds(rows) for arm, rows in results.items()}}, indent=2))
     plot(results, Path(args.out) / "learning.png")
 
 
@@ -197,7 +190,7 @@ def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:
     m, backend = config["micro"], config.get("sandbox", {}).get("backend", "bwrap")
     build_micro_tasks(run_dir / "micro", m["seed"], m["difficulty"], {"rl": rl_repos}, m["modules_per_repo"],
                       m["defs_per_module"], m["max_tasks_per_repo"], backend=backend,
-                      progress=lambda split, s, r: print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
+                      progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
     return str(run_dir / "micro" / "rl.jsonl")
 
 
@@ -239,13 +232,19 @@ def run_result(run_dir: Path, seed: int) -> dict:
 
 def task_changes(run_dir: Path) -> dict:
     """Held-out tasks that RL solved more / less often than the warm start, from the run's per-task
-    eval reports (`eval/stepNNNNNN.json`: warm start = step 0, RL = the last step)."""
+    eval reports (`eval/stepNNNNNN.json`: warm start = step 0, RL = the last step), and, when both
+    reports kept per-sample outcomes, the paired difference of pass@1 and its standard error."""
     reports = sorted((run_dir / "eval").glob("step*.json"))
     if len(reports) < 2:
         return {}
-    warm, rl = (_passes(json.loads(p.read_text())) for p in (reports[0], reports[-1]))
-    return {"tasks_better": sum(rl.get(t, 0) > n for t, n in warm.items()),
-            "tasks_worse": sum(rl.get(t, 0) < n for t, n in warm.items())}
+    warm, rl = (json.loads(p.read_text()) for p in (reports[0], reports[-1]))
+    warm_passes, rl_passes = _passes(warm), _passes(rl)
+    changes = {"tasks_better": sum(rl_passes.get(t, 0) > n for t, n in warm_passes.items()),
+               "tasks_worse": sum(rl_passes.get(t, 0) < n for t, n in warm_passes.items())}
+    if all("outcomes" in t for r in (warm, rl) for t in r["tasks"]):  # reports since 2026-11-27
+        d = paired_difference(warm, rl)
+        changes |= {"paired_diff": d.diff, "paired_se": d.se_paired}
+    return changes
 
 
 def _passes(report: dict) -> dict[str, int]:
@@ -253,16 +252,55 @@ def _passes(report: dict) -> dict[str, int]:
 
 
 def sign_test(better: int, worse: int) -> float:
-    """Two-sided exact sign test: P(a split at least this uneven | RL changes no task's odds)."""
+    """Two-sided exact sign test: P(a split at least this uneven | RL changes no task's odds).
+
+    For one seed's held-out tasks (the tasks are that seed's sample); not for counts pooled over
+    seeds, whose runs differ more from each other than tasks within a run do."""
     n, k = better + worse, min(better, worse)
     if n == 0:
         return 1.0
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
+def over_seeds(rows: list[dict]) -> dict:
+    """One arm over its seeds: mean, sample sd and 95% t-interval of warm start, after RL and RL - warm
+    start (`carl.eval.seeds`); how many seeds improved, and by more than 2 paired standard errors."""
+    diff = [r["rl"] - r["warm"] for r in rows]
+    with_se = [r for r in rows if "paired_se" in r]
+    return {"seeds": [r["seed"] for r in rows],
+            **{key: seed_spread(xs).to_dict() for key, xs in
+               (("warm", [r["warm"] for r in rows]), ("rl", [r["rl"] for r in rows]), ("rl_minus_warm", diff))},
+            "improved": sum(d > 0 for d in diff),
+            "beyond_2se": sum(r["paired_diff"] > 2 * r["paired_se"] for r in with_se), "with_se": len(with_se),
+            "tokens": statistics.mean(r["tokens"] for r in rows),
+            "tool_errors": statistics.mean(r["tool_errors"] for r in rows),
+            "rl_batches": statistics.mean(r["rl_batches"] for r in rows)}
+
+
+def print_summary(results: dict[str, list[dict]]) -> None:
+    """Per arm: the over-seeds statistics, and what they say about RL - warm start in words."""
+    print("\nheld-out pass@1 per arm: mean over seeds (sample sd over seeds, 95% t-interval of the mean)")
+    for arm, rows in results.items():
+        o, n = over_seeds(rows), len(rows)
+        gain = seed_spread([r["rl"] - r["warm"] for r in rows])
+        print(f"{arm} (seeds {','.join(str(s) for s in o['seeds'])}):")
+        print(f"  warm start   {seed_spread([r['warm'] for r in rows]).format()}")
+        print(f"  after RL     {seed_spread([r['rl'] for r in rows]).format()}")
+        print(f"  RL - warm    {gain.format(signed=True)}: {gain.in_words()}")
+        print(f"  seeds improved {o['improved']}/{n}"
+              + (f", by more than 2 paired standard errors {o['beyond_2se']}/{o['with_se']}"
+                 + ("" if o["with_se"] == n else " (the seeds whose eval reports kept per-sample outcomes)")
+                 if o["with_se"] else " (no per-sample outcomes in the eval reports: no paired standard errors)")
+              + f"; RL rollouts: {o['tokens']:.0f} tokens/episode, tool-call error rate {o['tool_errors']:.2f}, "
+                f"{o['rl_batches']:.1f} batches")
+
+
 def print_row(arm: str, r: dict) -> None:
-    print(f"seed {r['seed']} {arm}: held-out pass@1 warm start {r['warm']:.3f} -> after RL {r['rl']:.3f}; "
-          f"RL pass rate per step {[round(x, 2) for x in r['rl_train_pass_rate']]}"
+    paired = (f" ({r['paired_diff']:+.3f} ± {r['paired_se']:.3f} paired s.e.)" if "paired_se" in r else "")
+    tasks = (f"; held-out tasks better/worse {r['tasks_better']}/{r['tasks_worse']} "
+             f"(sign test p = {sign_test(r['tasks_better'], r['tasks_worse']):.2g})" if "tasks_better" in r else "")
+    print(f"seed {r['seed']} {arm}: held-out pass@1 warm start {r['warm']:.3f} -> after RL {r['rl']:.3f}{paired}"
+          f"{tasks}; RL pass rate per step {[round(x, 2) for x in r['rl_train_pass_rate']]}"
           + ("" if None in r["finish"] else f"; held-out episodes that finish {r['finish'][0]:.2f} -> {r['finish'][1]:.2f}"),
           flush=True)
 
@@ -296,10 +334,6 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     print(f"plot: {path}")
-
-
-def _ms(xs: list[float]) -> str:
-    return f"{statistics.mean(xs):.3f}±{statistics.pstdev(xs):.3f}"
 
 
 if __name__ == "__main__":

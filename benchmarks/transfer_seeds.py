@@ -1,30 +1,35 @@
-"""Transfer over seeds: `benchmarks/transfer.py` runs (one per seed) combined into mean ± spread.
+"""Transfer over seeds: `benchmarks/transfer.py` runs (one per seed) combined into a mean with its spread.
 
     .venv/bin/python benchmarks/transfer_seeds.py runs/transfer/seed2 runs/transfer/seed3 runs/transfer/seed4
-    .venv/bin/python benchmarks/transfer_seeds.py docs/results/transfer/seed*.json   # the recorded seeds
+    .venv/bin/python benchmarks/transfer_seeds.py docs/results/transfer/seed{2,3,4_8steps}.json   # the recorded seeds
 
 Per run (its transfer.json): the held-out pass@1 gain, warm start -> after RL, of the templates RL
-trained on and of the control (the other templates), each ± its paired standard error, and their
-difference: what RL on the templates bought beyond whatever it did to every task. Over runs: mean ±
-spread (population std over seeds, as `benchmarks/learning.py` reports it), how many seeds gained,
-and, pooled over seeds, how many held-out tasks were solved more and less often after RL with an
-exact two-sided sign test. Per template, the mean gain over seeds. Results go to
-<out>/transfer_seeds.json and <out>/transfer_seeds.png (--out defaults to the first run's parent).
+trained on and of the control (the other templates), each ± its paired standard error (sampling
+noise inside that seed's evals), their difference (what RL on the templates bought beyond whatever it
+did to every task), and how many held-out tasks were solved more and less often after RL, with an
+exact two-sided sign test of that seed's split. Over runs: the mean, the sample standard deviation
+over seeds and the 95% Student t-interval of the mean (`carl.eval.seeds`), the range and how many
+seeds gained, and whether the interval excludes 0. Task counts are not pooled over seeds into one
+test: the seeds, not the tasks, are the replicates of an RL run. Per template, the same over the
+seeds that recorded it. Results go to <out>/transfer_seeds.json and <out>/transfer_seeds.png
+(--out defaults to the first run's parent).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tomllib
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from learning import sign_test
 from transfer import CONTROL, SAME, template_group
+
+from carl.eval.seeds import seed_spread
 
 
 def main() -> None:
@@ -74,52 +79,46 @@ def combine(runs: list[dict]) -> dict:
                         "same_minus_control_se": (same["se_paired"] ** 2 + control["se_paired"] ** 2) ** 0.5,
                         "warm_same": same["pass_a"], "rl_same": same["pass_b"],
                         "better": same["tasks_better"], "worse": same["tasks_worse"],
+                        "sign_test_p": sign_test(same["tasks_better"], same["tasks_worse"]),
                         "control_better": control["tasks_better"], "control_worse": control["tasks_worse"]})
     over = {}
     for key in ("same", "control", "same_minus_control", "warm_same", "rl_same"):
         xs = [r[key] for r in per_run]
-        over[key] = {"mean": statistics.mean(xs), "spread": statistics.pstdev(xs), "min": min(xs),
-                     "max": max(xs), "positive": sum(x > 0 for x in xs)}
-    better, worse = sum(r["better"] for r in per_run), sum(r["worse"] for r in per_run)
-    cbetter, cworse = sum(r["control_better"] for r in per_run), sum(r["control_worse"] for r in per_run)
+        over[key] = seed_spread(xs).to_dict() | {"min": min(xs), "max": max(xs), "positive": sum(x > 0 for x in xs)}
     templates = {}
     for name in runs[0]["templates"]:
         group = template_group(name, trained=True)
         diffs = [r["groups"][group]["diff"] for r in runs if group in r["groups"]]
         if not diffs:
             continue
-        templates[name] = {"mean": statistics.mean(diffs), "spread": statistics.pstdev(diffs), "diffs": diffs}
-    return {"templates": runs[0]["templates"], "runs": per_run, "over_seeds": over, "per_template": templates,
-            "pooled": {"better": better, "worse": worse, "sign_test_p": sign_test(better, worse),
-                       "control_better": cbetter, "control_worse": cworse,
-                       "control_sign_test_p": sign_test(cbetter, cworse)}}
+        templates[name] = seed_spread(diffs).to_dict() | {"diffs": diffs}
+    return {"templates": runs[0]["templates"], "runs": per_run, "over_seeds": over, "per_template": templates}
 
 
 def print_result(result: dict) -> None:
     print(f"held-out pass@1 gain (after RL - warm start), RL on templates {','.join(result['templates'])}; "
-          "± paired standard error (sampling noise only)")
-    print(f"{'seed':>5} {'same templates':>26} {'control':>17} {'same - control':>17}  {'better/worse':>12}")
+          "± paired standard error (sampling noise inside the seed's evals only)")
+    print(f"{'seed':>5} {'same templates':>26} {'control':>17} {'same - control':>17}  {'better/worse':>12} "
+          f"{'sign test':>9}")
     for r in result["runs"]:
         print(f"{r['seed']!s:>5} {r['warm_same']:.3f}->{r['rl_same']:.3f} {r['same']:+.3f}±{r['same_se']:.3f} "
               f"{r['control']:>+11.3f}±{r['control_se']:.3f} "
-              f"{r['same_minus_control']:>+11.3f}±{r['same_minus_control_se']:.3f}  {r['better']:>10}/{r['worse']}")
-    o, n = result["over_seeds"], len(result["runs"])
-    print(f"over {n} seeds (mean ± spread = population std over seeds; [min, max]; seeds > 0):")
-    w, a = o["warm_same"], o["rl_same"]
-    print(f"  same templates' pass@1: warm start {w['mean']:.3f} ± {w['spread']:.3f} "
-          f"[{w['min']:.3f}, {w['max']:.3f}] -> after RL {a['mean']:.3f} ± {a['spread']:.3f} "
-          f"[{a['min']:.3f}, {a['max']:.3f}]")
-    for key, label in (("same", "same templates"), ("control", "control"), ("same_minus_control", "same - control")):
-        s = o[key]
-        print(f"  {label:<16} {s['mean']:+.3f} ± {s['spread']:.3f}  [{s['min']:+.3f}, {s['max']:+.3f}]  "
-              f"{s['positive']}/{n}")
-    pooled = result["pooled"]
-    print(f"  pooled held-out tasks solved more / less often: same templates {pooled['better']}/{pooled['worse']} "
-          f"(sign test p = {pooled['sign_test_p']:.3g}), control {pooled['control_better']}/"
-          f"{pooled['control_worse']} (p = {pooled['control_sign_test_p']:.3g})")
-    print("  per template (mean ± spread over the seeds that recorded it; how many): " + ", ".join(
-        f"{name} {t['mean']:+.3f} ± {t['spread']:.3f} ({len(t['diffs'])})"
-        for name, t in result["per_template"].items()))
+              f"{r['same_minus_control']:>+11.3f}±{r['same_minus_control_se']:.3f}  {r['better']:>10}/{r['worse']} "
+              f"p={r['sign_test_p']:.2g}")
+    runs, o = result["runs"], result["over_seeds"]
+    print(f"over {len(runs)} seeds: mean (sample sd over seeds, 95% t-interval of the mean); range; seeds > 0")
+    for key, label, signed in (("warm_same", "same templates, warm start pass@1", False),
+                               ("rl_same", "same templates, after-RL pass@1", False),
+                               ("same", "same templates, gain", True), ("control", "control, gain", True),
+                               ("same_minus_control", "same - control", True)):
+        s, f = seed_spread([r[key] for r in runs]), "+.3f" if signed else ".3f"
+        print(f"  {label:<34} {s.format(signed)}; range {o[key]['min']:{f}} .. {o[key]['max']:{f}}; "
+              f"{o[key]['positive']}/{len(runs)}")
+        if signed:
+            print(f"  {'':<34} {s.in_words()}")
+    print("  per template, gain over the seeds that recorded it:")
+    for name, t in result["per_template"].items():
+        print(f"    {name:<32} {seed_spread(t['diffs']).format(signed=True)}")
 
 
 def plot(result: dict, path: Path) -> None:

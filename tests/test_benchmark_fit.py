@@ -93,7 +93,7 @@ def test_transfer_summary_pairs_the_two_evals_per_group_and_template(tmp_path, c
 transfer_seeds = load("transfer_seeds")
 
 
-def test_transfer_seeds_combines_runs_into_mean_spread_and_pooled_sign_test(tmp_path, capsys):
+def test_transfer_seeds_combines_runs_into_mean_sample_sd_and_interval_with_per_seed_sign_tests(tmp_path, capsys):
     def run(seed: int, same: float, control: float, better: int, worse: int, add: float) -> Path:
         d = tmp_path / f"seed{seed}"
         d.mkdir()
@@ -109,13 +109,19 @@ def test_transfer_seeds_combines_runs_into_mean_spread_and_pooled_sign_test(tmp_
     runs = [transfer_seeds.load_run(run(2, 0.2, 0.0, 6, 0, 0.2)), transfer_seeds.load_run(run(3, 0.1, 0.05, 4, 0, 0.1))]
     result = transfer_seeds.combine(runs)
     over = result["over_seeds"]
-    assert over["same"]["mean"] == pytest.approx(0.15) and over["same"]["spread"] == pytest.approx(0.05)
+    # gains 0.2 and 0.1: sample sd sqrt(2 * 0.05^2 / 1) = 0.0707; 95% interval 0.15 ± 12.706 * 0.0707 / sqrt(2)
+    assert over["same"]["mean"] == pytest.approx(0.15) and over["same"]["sd"] == pytest.approx(0.0707, abs=1e-4)
+    assert (over["same"]["ci95_low"], over["same"]["ci95_high"]) == pytest.approx((0.15 - 0.6353, 0.15 + 0.6353),
+                                                                                  abs=1e-4)
     assert over["same_minus_control"]["mean"] == pytest.approx(0.125) and over["control"]["positive"] == 1
     assert result["runs"][0]["same_minus_control_se"] == pytest.approx(0.05)  # sqrt(0.04^2 + 0.03^2)
-    assert result["pooled"]["better"] == 10 and result["pooled"]["sign_test_p"] == pytest.approx(2 / 2**10)
+    assert "pooled" not in result  # task counts are not pooled over seeds into one test
+    assert [r["sign_test_p"] for r in result["runs"]] == pytest.approx([2 / 2**6, 2 / 2**4])  # 6/0 and 4/0
     assert result["per_template"]["add"]["mean"] == pytest.approx(0.15)
     transfer_seeds.print_result(result)
-    assert "+0.150 ± 0.050" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "+0.150 (sd 0.071, 95% CI [-0.485, +0.785], n=2)" in out
+    assert "not distinguishable from 0" in out
     with pytest.raises(SystemExit, match="transfer.json: not found"):
         transfer_seeds.load_run(tmp_path / "nothing")
 
@@ -130,4 +136,5 @@ def test_transfer_seeds_reads_a_kept_transfer_json_with_its_seed(tmp_path, capsy
     result = transfer_seeds.combine([run])
     assert result["per_template"] == {} and result["over_seeds"]["rl_same"]["mean"] == pytest.approx(0.5)
     transfer_seeds.print_result(result)
-    assert "warm start 0.250 ± 0.000 [0.250, 0.250] -> after RL 0.500" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warm start pass@1  0.250 (n=1, no spread)" in out and "after-RL pass@1    0.500 (n=1, no spread)" in out

@@ -1,4 +1,5 @@
-"""The learning benchmark's statistics: per-task better/worse counts from eval reports, the sign test."""
+"""The learning benchmark's statistics: per-task better/worse counts and the paired difference from eval
+reports, the per-seed sign test, the spread over seeds (sample sd, t-interval)."""
 
 import json
 from pathlib import Path
@@ -20,6 +21,44 @@ def test_task_changes_compares_the_first_and_last_eval(tmp_path):
     _report(tmp_path / "eval" / "step000003.json", {"a": 1, "b": 1, "c": 0, "d": 0})  # ignored: not the last
     _report(tmp_path / "eval" / "step000005.json", {"a": 2, "b": 1, "c": 1, "d": 0})
     assert learning.task_changes(tmp_path) == {"tasks_better": 1, "tasks_worse": 2}
+
+
+def _outcomes_report(path: Path, outcomes: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"summary": {}, "tasks": [
+        {"task_id": t, "n": len(o), "infra_failures": 0, "passed": o.count("1"), "outcomes": o}
+        for t, o in outcomes.items()]}))
+
+
+def test_task_changes_adds_the_paired_difference_when_reports_keep_per_sample_outcomes(tmp_path):
+    _outcomes_report(tmp_path / "eval" / "step000000.json", {"a": "00", "b": "10"})
+    _outcomes_report(tmp_path / "eval" / "step000005.json", {"a": "11", "b": "10"})
+    changes = learning.task_changes(tmp_path)
+    # per task mean of B - A: a +1, b 0 -> diff 0.5; per-pair variance 0 in both tasks -> paired s.e. 0
+    assert changes == {"tasks_better": 1, "tasks_worse": 0, "paired_diff": 0.5, "paired_se": 0.0}
+
+
+def _row(seed: int, warm: float, rl: float, **extra) -> dict:
+    return {"seed": seed, "warm": warm, "rl": rl, "tokens": 100.0, "tool_errors": 0.1, "rl_batches": 8,
+            "rl_train_pass_rate": [0.5], "finish": [None, None], **extra}
+
+
+def test_over_seeds_gives_the_sample_sd_and_t_interval_and_no_pooled_test(capsys):
+    rows = [_row(0, 0.2, 0.3, paired_diff=0.1, paired_se=0.03, tasks_better=5, tasks_worse=0),
+            _row(1, 0.2, 0.4, paired_diff=0.2, paired_se=0.2, tasks_better=9, tasks_worse=1),
+            _row(2, 0.2, 0.5, paired_diff=0.3, paired_se=0.05, tasks_better=6, tasks_worse=2)]
+    o = learning.over_seeds(rows)
+    gain = o["rl_minus_warm"]  # 0.1, 0.2, 0.3: sd 0.1, 95% interval 0.2 ± 4.303 * 0.1 / sqrt(3) = 0.2 ± 0.248
+    assert gain["mean"] == pytest.approx(0.2) and gain["sd"] == pytest.approx(0.1)
+    assert (gain["ci95_low"], gain["ci95_high"]) == pytest.approx((0.2 - 0.2484, 0.2 + 0.2484), abs=1e-4)
+    assert o["warm"]["sd"] == 0.0 and (o["improved"], o["beyond_2se"], o["with_se"]) == (3, 2, 3)
+    learning.print_summary({"grpo": rows})
+    out = capsys.readouterr().out
+    assert "RL - warm    +0.200 (sd 0.100, 95% CI [-0.048, +0.448], n=3)" in out
+    assert "not distinguishable from 0" in out and "by more than 2 paired standard errors 2/3" in out
+    assert "sign test" not in out  # no test of task counts pooled over the seeds
+    learning.print_row("grpo", rows[1])
+    assert "+0.200 ± 0.200 paired s.e." in capsys.readouterr().out  # the per-seed test is fine
 
 
 def test_task_changes_needs_two_evals(tmp_path):
