@@ -13,6 +13,7 @@ defines `register(subparsers)`; those modules import nothing heavy at module lev
     carl engine setup|serve    vLLM's environment, a vLLM server for carl
     carl serve ...             the agent as an HTTP service for a team (sessions, feedback store)
     carl online CONFIG         retrain the served model from production feedback, gate, deploy
+    carl midtrain [CONFIG] [a.b=value ...]   continued pretraining on a team's repositories
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ GROUPS = {
     "bench": "carl.eval.bench_cli",
     "engine": "carl.engine.cli",
     "serve/online": "carl.online.cli",  # registers both commands
+    "midtrain": "carl.midtrain.cli",
 }
 
 

@@ -1,6 +1,7 @@
-"""Every configs/*.toml parses into TrainConfig; each real-model config builds the trainer's model path
-(load_model -> set_trainable -> AdamW -> rl_step, and the HFEngine sampler) on a tiny random model of
-the same architecture, with model.path overridden to point at it."""
+"""Every configs/*.toml (but carl midtrain's midtrain*.toml) parses into TrainConfig; each real-model
+config builds the trainer's model path (load_model -> set_trainable -> AdamW -> rl_step, and the
+HFEngine sampler) on a tiny random model of the same architecture, with model.path overridden to
+point at it."""
 
 from pathlib import Path
 
@@ -27,7 +28,8 @@ REAL_MODELS = {
 
 
 def test_every_config_parses_and_names_known_tools():
-    paths = sorted(CONFIGS.glob("*.toml"))
+    # configs/midtrain*.toml configure `carl midtrain` (MidtrainConfig; tests/test_midtrain_loop.py)
+    paths = sorted(p for p in CONFIGS.glob("*.toml") if not p.name.startswith("midtrain"))
     assert {p.name for p in paths} >= {"default.toml", *REAL_MODELS}
     for path in paths:
         cfg = load_config(TrainConfig, path)

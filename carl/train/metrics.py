@@ -94,19 +94,20 @@ class MetricsLog:
         atomic_write_json(path, report)
         return path
 
-    def plot(self) -> list[Path]:
-        return write_plots(self.rows(), self.run_dir / "plots")
+    def plot(self, plots: dict[str, list[str]] = PLOTS) -> list[Path]:
+        return write_plots(self.rows(), self.run_dir / "plots", plots)
 
 
-def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per entry of PLOTS with the series present in `rows`; returns the files written."""
+def write_plots(rows: list[dict[str, Any]], out_dir: Path, plots: dict[str, list[str]] = PLOTS) -> list[Path]:
+    """One PNG per entry of `plots` (file -> metric keys; default: the RL trainer's PLOTS) with the
+    series present in `rows`; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for fname, keys in PLOTS.items():
+    for fname, keys in plots.items():
         series = {k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))] for k in keys}
         series = {k: v for k, v in series.items() if v}
         if not series:

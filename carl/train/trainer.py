@@ -63,6 +63,7 @@ class Trainer:
         # MoE: train on the experts the engine routed to
         self.replay = router_replay_for(self.model) if cfg.rl.router_replay else None
         self.reference: Any = None  # the KL anchor (load_reference)
+        self._on_batch = None  # rank 0's progress callback of sft_epoch; not sent to other ranks
 
     # ------------------------------------------------------------------ collectives (rank 0 drives)
 
@@ -75,7 +76,9 @@ class Trainer:
         rl_step uses it from now on. Returns what it is, in words."""
         return self._run("load_reference", path)
 
-    def sft_epoch(self, data: list, pad_id: int, epoch: int) -> list[float]:
+    def sft_epoch(self, data: list, pad_id: int, epoch: int, on_batch=None) -> list[float]:
+        """One warm-start epoch; `on_batch(loss)` after each batch, on this rank only (progress)."""
+        self._on_batch = on_batch
         return self._run("sft_epoch", data, pad_id, epoch)
 
     def full_state(self, checkpoint_names: bool = False) -> dict[str, torch.Tensor]:
@@ -129,7 +132,8 @@ class Trainer:
         ws = self.cfg.warm_start
         rng = random.Random(self.cfg.seed * 1009 + epoch)
         return sft_epoch(self.model, self.optimizer, data, pad_id, ws.batch_size, self.cfg.rl.micro_batch_tokens,
-                         self.cfg.rl.grad_clip, rng, compute_dtype=self.compute_dtype, ranks=self.ranks)
+                         self.cfg.rl.grad_clip, rng, on_batch=self._on_batch, compute_dtype=self.compute_dtype,
+                         ranks=self.ranks)
 
     def _full_state(self, checkpoint_names=False):
         if self.lora is not None:  # only the adapters travel
@@ -152,11 +156,11 @@ class Trainer:
 
             shards = Path(self.ranks.broadcast(str(sharded_optimizer_dir(run_dir, step)) if self.ranks.rank == 0 else None))
             dcp.save({"optim": get_optimizer_state_dict(self.model, self.optimizer.optimizers)}, checkpoint_id=str(shards))
-            model_state, optim_state = self._gathered_state(optimizer=False)
+            model_state, optim_state = gathered_state(self.model, self.optimizer, self.ranks, with_optimizer=False)
         else:
-            shards, (model_state, optim_state) = None, self._gathered_state()
+            shards, (model_state, optim_state) = None, gathered_state(self.model, self.optimizer, self.ranks)
         if self.ranks.rank == 0:
-            save_checkpoint(run_dir, step, self.model, self.tokenizer, _Saved(optim_state), None, state.to_dict(),
+            save_checkpoint(run_dir, step, self.model, self.tokenizer, SavedState(optim_state), None, state.to_dict(),
                             model_state=model_state, sharded_optimizer=shards)
 
     def _load(self, ckpt):
@@ -168,9 +172,9 @@ class Trainer:
             weights = self.model.state_dict()
         else:
             weights = load_model(Path(ckpt) / "model", torch.float32, "cpu")[1].state_dict()
-        optim = _Saved(None)
+        optim = SavedState(None)
         _, trainer_state = load_trainer_state(ckpt, optim, None)
-        self._set_state(weights, optim.state)
+        set_state(self.model, self.optimizer, self.ranks, weights, optim.state)
         if (Path(ckpt) / "optimizer").is_dir():  # sharded: any number of ranks reads it (DCP reshards by name)
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
@@ -187,36 +191,43 @@ class Trainer:
     def _clear_optimizer_state(self):
         self.optimizer.clear_state()
 
-    def _gathered_state(self, optimizer: bool = True) -> tuple[dict | None, dict | None]:
-        """(full model state or None for save_pretrained's own, full optimizer state keyed by name or
-        None when not asked for)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
-        full = self.ranks.world > 1
-        options = StateDictOptions(full_state_dict=full, cpu_offload=full)
-        if optimizer:
-            model_sd, optim_sd = get_state_dict(self.model, self.optimizer.optimizers, options=options)
-        else:
-            model_sd, optim_sd = (get_model_state_dict(self.model, options=options) if full else None), None
-        if full:
-            torch.distributed.barrier()
-        return (model_sd if full else None), optim_sd
 
-    def _set_state(self, weights: dict, optim_sd: dict | None) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+def gathered_state(model: torch.nn.Module, optimizer: Any, ranks: Ranks,
+                   with_optimizer: bool = True) -> tuple[dict | None, dict | None]:
+    """What a checkpoint saves of a model on 1 or N ranks (`optimizer`: carl.train.ranks.Optimizers):
+    (full model state, or None for save_pretrained's own on one rank; full optimizer state keyed by
+    parameter name, or None when not asked for). Every rank calls it; the states land on rank 0."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
-        if optim_sd is not None and not _keyed_by_name(optim_sd):  # a checkpoint from before this module
-            if self.ranks.world > 1:
-                raise RuntimeError("this checkpoint's optimizer state predates multi-rank training; resume it on one rank")
-            self.model.load_state_dict(weights)
-            self.optimizer.load_state_dict(optim_sd)
-            return
-        options = StateDictOptions(full_state_dict=True, strict=False)
-        if optim_sd:
-            set_state_dict(self.model, self.optimizer.optimizers, model_state_dict=weights, optim_state_dict=optim_sd,
-                           options=options)
-        else:  # the optimizer state comes from shards (_load), or there is none
-            set_model_state_dict(self.model, weights, options=options)
+    full = ranks.world > 1
+    options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+    if with_optimizer:
+        model_sd, optim_sd = get_state_dict(model, optimizer.optimizers, options=options)
+    else:
+        model_sd, optim_sd = (get_model_state_dict(model, options=options) if full else None), None
+    if full:
+        torch.distributed.barrier()
+    return (model_sd if full else None), optim_sd
+
+
+def set_state(model: torch.nn.Module, optimizer: Any, ranks: Ranks, weights: dict, optim_sd: dict | None) -> None:
+    """Load full `weights` and a full optimizer state (as `gathered_state` gives them) into a model
+    sharded over any number of ranks; every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+
+    if optim_sd is not None and not _keyed_by_name(optim_sd):  # a checkpoint from before this module
+        if ranks.world > 1:
+            raise RuntimeError("this checkpoint's optimizer state predates multi-rank training; resume it on one rank")
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(optim_sd)
+        return
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    if optim_sd:
+        set_state_dict(model, optimizer.optimizers, model_state_dict=weights, optim_state_dict=optim_sd,
+                       options=options)
+    else:  # the optimizer state comes from shards (Trainer._load), or there is none
+        set_model_state_dict(model, weights, options=options)
 
 
 def _keyed_by_name(optim_sd: dict) -> bool:
@@ -245,7 +256,7 @@ def router_replay_for(model: torch.nn.Module):
         return None
 
 
-class _Saved:
+class SavedState:
     """What checkpoint.py expects of an optimizer (state_dict / load_state_dict), holding a dict."""
 
     def __init__(self, state: dict | None):
