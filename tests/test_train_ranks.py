@@ -80,9 +80,18 @@ def test_two_ranks_match_one_rank(optimizer, tmp_path):
         assert n1 == n2  # both counted every generated token once
         assert l2 == pytest.approx(l1, rel=1e-4, abs=1e-6) and g2 == pytest.approx(g1, rel=1e-4)
     assert one["state"].keys() == two["state"].keys()
+    init = _model().state_dict()
     for name, w in one["state"].items():
-        torch.testing.assert_close(two["state"][name], w, rtol=1e-4, atol=1e-5, msg=name)
-    moved = sum(float((w - _model().state_dict()[n]).abs().sum()) for n, w in one["state"].items())
+        if optimizer == "adamw":
+            torch.testing.assert_close(two["state"][name], w, rtol=1e-4, atol=1e-5, msg=name)
+        else:
+            # Muon orthogonalizes in bf16: the ranks sum a gradient in another order, one element
+            # can round to the neighbouring bf16 value, and Newton-Schulz spreads that over the
+            # matrix (measured: 0.5% of one matrix's move, every other tensor bit-identical). A
+            # wrong shard or a gradient counted twice moves a tensor by ~100% of its move.
+            moved = (w - init[name]).norm()
+            assert (two["state"][name] - w).norm() <= 0.02 * moved + 1e-6, name
+    moved = sum(float((w - init[n]).abs().sum()) for n, w in one["state"].items())
     assert moved > 0  # the steps changed the weights
 
 
