@@ -9,7 +9,8 @@ defines `register(subparsers)`; those modules import nothing heavy at module lev
     carl tasks build|validate|stats|show ...
     carl train [CONFIG] [a.b=value ...]
     carl eval --checkpoint DIR --tasks FILE
-    carl bench grade|export    any agent's predictions graded by the RL reward; tasks as SWE-bench records
+    carl bench build|run|grade|report|compare|export   pinned suites of real-repository tasks, any
+                               agent scored on them by the RL reward (HTML reports, paired comparisons)
     carl engine setup|serve    vLLM's environment, a vLLM server for carl
     carl serve ...             the agent as an HTTP service for a team (sessions, feedback store)
     carl online CONFIG         retrain the served model from production feedback, gate, deploy

@@ -91,7 +91,7 @@ def test_grading_comes_out_exactly_as_constructed(world, graded):
     assert s["monitor_flags"] == {"test_edit": 1} and s["monitor_action"] == "zero"
     assert report["strata"]["deletion_kind"] == {"function": {"n": 6, "resolved": 2, "pass@1": pytest.approx(2 / 6),
                                                               "ci95": s["ci95"], "infra_failures": 0}}
-    assert set(report["strata"]) == {"deletion_kind", "size_lines", "fail_to_pass", "repo"}
+    assert set(report["strata"]) == {"deletion_kind", "size_lines", "size_files", "fail_to_pass", "repo"}
     assert list(report["strata"]["size_lines"]) == ["1-5"] and list(report["strata"]["fail_to_pass"]) == ["1"]
 
 

@@ -31,6 +31,20 @@ class PolicyError(RuntimeError):
     """The endpoint failed or answered something that is not a chat completion."""
 
 
+class ChatReply(str):
+    """A reply's text that also carries the server's token counts for its request (`usage`:
+    prompt_tokens and completion_tokens, {} when the server sent none): a bench prices an API
+    model's episodes from them (carl.eval.bench). Everything else reads it as the plain str."""
+
+    usage: dict[str, int]
+
+    def __new__(cls, text: str, usage: Any = None) -> ChatReply:
+        reply = super().__new__(cls, text)
+        usage = usage if isinstance(usage, dict) else {}
+        reply.usage = {k: usage[k] for k in ("prompt_tokens", "completion_tokens") if isinstance(usage.get(k), int)}
+        return reply
+
+
 class OpenAIChatPolicy:
     def __init__(
         self,
@@ -68,8 +82,9 @@ class OpenAIChatPolicy:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
 
-    def chat(self, messages: list[Message], max_new_tokens: int, seed: int | None = None) -> str:
-        """The assistant's reply; `seed` is sent as the request's sampling seed when given."""
+    def chat(self, messages: list[Message], max_new_tokens: int, seed: int | None = None) -> ChatReply:
+        """The assistant's reply (with the request's token counts); `seed` is sent as the request's
+        sampling seed when given."""
         body = {
             "model": self.model,
             "messages": [{"role": "user" if m.role == "tool" else m.role, "content": m.content} for m in messages],
@@ -84,7 +99,7 @@ class OpenAIChatPolicy:
             content = data["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise PolicyError(f"{self.url}: response is not a chat completion: {str(data)[:300]}") from None
-        return content or ""  # some servers send null content for an empty reply
+        return ChatReply(content or "", data.get("usage"))  # some servers send null content for an empty reply
 
     def episode(self, key: str) -> OpenAIChatPolicy | EpisodeChat:
         """One episode's view whose requests carry seeds named by (seed, `key`, turn)

@@ -1,54 +1,138 @@
 """The benchmark runner: n samples per held-out task through the production harness and reward.
 
-    tasks x n --collect_groups (sandboxes, run_episode, clean-sandbox reward)--> samples
+    tasks x n --run_samples: ThreadWorkers (carl.rollout.workers), each sample its own sandbox,
+               run_rollout (run_episode, then the clean-sandbox test reward and the monitor, with
+               RL's monitor action)--> on_sample(t, j, rollout) as each finishes
+        --> Sample (outcome, tokens in and out, tool calls, wall time, monitor flags)
         --> BenchReport (pass@1, pass@k, tokens, tool calls, wall time per task)
 
-The same runner evaluates a training checkpoint (`carl eval --checkpoint DIR`), the warm-start
-and RL checkpoints inside `carl train`, and any OpenAI-compatible endpoint.
+The same runner evaluates a training checkpoint (`carl eval`), the warm-start and RL checkpoints
+inside `carl train`, the online gate, and `carl bench run`, which also resumes a killed run: it
+skips the samples already scored and appends each new one as it finishes (carl.eval.bench_run).
+
+Tokens: a token policy's trajectory is token-exact, so a sample's input tokens are the context
+each of its generations was prompted with (as an API bills requests without prompt caching) and
+its output tokens the sampled ones. A chat endpoint's are the server's own counts (`usage` of
+each reply, carl.engine.openai_client.ChatReply); a server that sends none leaves them uncounted.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from concurrent.futures import as_completed
 from typing import Any
 
 from carl.eval.report import BenchReport, Sample, build_report
 from carl.harness.agent import EpisodeLimits
 from carl.harness.tools.base import Tool
+from carl.rewards.monitor import MonitorConfig
+from carl.rewards.reward import RewardConfig
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
-from carl.rollout.rollout import Rollout, collect_groups, infra_error
+from carl.rollout.rollout import Rollout, infra_error, run_rollout
+
+RL_MONITOR = MonitorConfig(action="zero")
+"""RL's monitor action (carl.train.config.TrainConfig.monitor): a flagged sample's reward is 0.
+A flagged sample never passes, whatever the action."""
 
 
 def evaluate(name: str, policy: Any, tasks: list[TaskRecord], samples_per_task: int,
              limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig,
-             max_workers: int = 16) -> tuple[BenchReport, list[Rollout]]:
-    """Every task `samples_per_task` times, `max_workers` episodes at once; the report and the rollouts.
+             max_workers: int = 16, monitor: MonitorConfig = RL_MONITOR,
+             on_sample: Callable[[int, int, Rollout], None] = lambda t, j, r: None,
+             ) -> tuple[BenchReport, list[Rollout]]:
+    """Every task `samples_per_task` times, `max_workers` episodes at once; the report and the
+    rollouts (task by task, sample by sample). `on_sample(t, j, rollout)` hears of each sample as
+    it finishes (progress).
 
     A policy with seeded episode streams (`HFEngine.episode`) samples sample j of task t from the
     streams named "t/j", so the eval repeats under the policy's seed, and two checkpoints evaluated
     with the same seed are compared on common random numbers (see `carl.engine.streams`)."""
-    groups = collect_groups(episode_policies(policy, tasks), tasks, samples_per_task, limits,
-                            tools, sandbox, max_workers=max_workers)
-    rollouts = [r for g in groups for r in g]
-    return build_report(name, [to_sample(r) for r in rollouts], k=samples_per_task), rollouts
+    done: dict[tuple[int, int], Rollout] = {}
+
+    def keep(t: int, j: int, r: Rollout) -> None:
+        done[(t, j)] = r
+        on_sample(t, j, r)
+
+    run_samples(policy, tasks, samples_per_task, limits, tools, sandbox, max_workers, monitor, on_sample=keep)
+    keys = [(t, j) for t in range(len(tasks)) for j in range(samples_per_task)]
+    return build_report(name, [to_sample(done[k], k[1]) for k in keys], k=samples_per_task), [done[k] for k in keys]
+
+
+def run_samples(policy: Any, tasks: list[TaskRecord], samples_per_task: int, limits: EpisodeLimits,
+                tools: dict[str, Tool], sandbox: SandboxConfig, max_workers: int = 16,
+                monitor: MonitorConfig = RL_MONITOR, skip: Collection[tuple[str, int]] = (),
+                on_sample: Callable[[int, int, Rollout], None] = lambda t, j, r: None) -> None:
+    """Sample j of task t for every (t, j) whose (task id, j) is not in `skip`, `max_workers` at
+    once, each in its own sandbox; `on_sample(t, j, rollout)` runs in the calling thread as each
+    finishes. Interrupted, the episodes in flight finish (their sandboxes close) and the queued
+    ones never start."""
+    from carl.rollout.workers import ThreadWorkers
+
+    views = episode_policies(policy, tasks)
+    skip = set(skip)
+    jobs = [(t, j) for t in range(len(tasks)) for j in range(samples_per_task)
+            if (tasks[t].instance_id, j) not in skip]
+    if not jobs:
+        return
+
+    def run_one(t: int, j: int) -> Rollout:
+        view = views(t, j)
+        meter = _UsageMeter(view) if not hasattr(view, "generate") else None
+        r = run_rollout(meter or view, tasks[t], limits, tools, sandbox, RewardConfig(), monitor)
+        if meter is not None:
+            r.trajectory.metadata["usage"] = meter.usage()
+        return r
+
+    workers = ThreadWorkers(run_one, max(1, min(max_workers, len(jobs))))
+    try:
+        futures = {workers.submit(t, j, 0): (t, j) for t, j in jobs}
+        for future in as_completed(futures):
+            on_sample(*futures[future], future.result())
+    finally:
+        workers.close()
 
 
 def episode_policies(policy: Any, tasks: list[TaskRecord]) -> Callable[[int, int], Any]:
-    """`collect_groups`'s policy factory: sample j of task t samples from the streams named "<task id>/j"."""
+    """The policy of sample j of task t: its view sampling from the streams named "<task id>/j"."""
     if not hasattr(policy, "episode"):  # scripted policies: one shared policy
         return lambda t, j: policy
     return lambda t, j: policy.episode(f"{tasks[t].instance_id}/{j}")
 
 
-def to_sample(r: Rollout) -> Sample:
+class _UsageMeter:
+    """A chat policy's episode view that adds up the token counts its replies carry."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+        self.prompt_tokens = self.completion_tokens = self.replies = self.counted = 0
+
+    def chat(self, messages, max_new_tokens: int) -> str:
+        reply = self.policy.chat(messages, max_new_tokens)
+        usage = getattr(reply, "usage", None) or {}
+        self.replies += 1
+        if "prompt_tokens" in usage and "completion_tokens" in usage:
+            self.counted += 1
+            self.prompt_tokens += usage["prompt_tokens"]
+            self.completion_tokens += usage["completion_tokens"]
+        return reply
+
+    def usage(self) -> dict[str, Any]:
+        return {"input_tokens": self.prompt_tokens, "output_tokens": self.completion_tokens,
+                "counted": self.counted == self.replies}
+
+
+def to_sample(r: Rollout, sample: int = 0) -> Sample:
     t = r.trajectory
+    usage = t.metadata.get("usage")
+    if usage is None:  # a token policy: count from the token-exact trajectory
+        usage = {"input_tokens": prompt_tokens(t), "output_tokens": t.num_generated_tokens, "counted": True}
     return Sample(
         task_id=r.task.instance_id,
         passed=r.passed,
         reward=r.reward,
-        generated_tokens=t.num_generated_tokens,
+        generated_tokens=usage["output_tokens"],
         tool_calls=t.num_tool_calls,
         tool_errors=t.num_tool_errors,
         wall_s=t.wall_s,
@@ -56,7 +140,21 @@ def to_sample(r: Rollout) -> Sample:
         error=infra_error(r),
         stop_reason=t.stop_reason.value,
         digest=episode_digest(r.trajectory),
+        sample=sample,
+        input_tokens=usage["input_tokens"],
+        tokens_counted=bool(usage["counted"]),
+        monitor_flags=list(r.monitor_flags),
     )
+
+
+def prompt_tokens(trajectory) -> int:
+    """The tokens a token policy's generations were prompted with: each run of sampled tokens in a
+    segment starts a generation whose prompt is everything before it in that segment."""
+    total = 0
+    for s in trajectory.segments:
+        mask = s.generated_mask_T
+        total += sum(i for i, g in enumerate(mask) if g and (i == 0 or not mask[i - 1]))
+    return total
 
 
 def episode_digest(trajectory) -> str:

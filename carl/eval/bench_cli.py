@@ -1,29 +1,86 @@
-"""`carl bench grade`: score any agent's predictions (SWE-bench style) with the RL reward.
-`carl bench export`: write tasks as SWE-bench or SWE-smith task instances for other tools.
-See docs/bench.md."""
+"""`carl bench`: suites of real-repository tasks, and any agent scored on them. See docs/bench.md.
+
+    carl bench build SUITE.toml | SOURCE... --out DIR    a pinned suite (carl.eval.suite_build)
+    carl bench run --suite DIR (--checkpoint | --policy)  carl's harness on it (carl.eval.bench_run)
+    carl bench grade --suite DIR | --tasks F --predictions P   any agent's patches (carl.eval.grade)
+    carl bench report RESULTS.json --html OUT.html       plots and tables (carl.eval.html_report)
+    carl bench compare A.json B.json                     paired difference (carl.eval.paired)
+    carl bench export --tasks F --out swe.jsonl          SWE-bench / SWE-smith records
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from carl.sandbox.base import BACKENDS
+from carl.sandbox.base import BACKENDS, HOST_BACKENDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="grade any agent's predictions with the RL reward; export tasks")
+    from carl.eval.bench_build_cli import build
+    from carl.eval.cli import add_agent_args
+
+    p = sub.add_parser("bench", help="suites of real-repository tasks; score any agent on them")
     bsub = p.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    b = bsub.add_parser("build", help="build a pinned suite (resumable) and check it against its lock")
+    b.add_argument("suite", nargs="+", metavar="SUITE.toml | SOURCE",
+                   help="a suite definition (TOML), or SOURCEs as `carl tasks build` takes them (DIR, DIR@REV, "
+                        "pypi:NAME==VERSION[#sha256=HEX]) for a suite of the defaults named after --out")
+    b.add_argument("--out", required=True, help="the suite directory (a rerun continues a killed build)")
+    b.add_argument("--workers", type=int, help="candidates validated at once (default: the suite's build.workers)")
+    b.add_argument("--backend", choices=list(HOST_BACKENDS), help="sandbox backend (default: the suite's)")
+    b.add_argument("--update-lock", action="store_true",
+                   help="take this build as the suite: rewrite the lock beside the definition")
+    b.add_argument("--catalog", help="with SOURCEs: a catalog (JSONL) of their test commands and deps")
+    b.add_argument("--max-per-package", type=int, default=30, help="with SOURCEs: tasks per package (default 30)")
+    b.set_defaults(func=build)
+
+    r = bsub.add_parser("run", help="score a checkpoint or an OpenAI-compatible endpoint on a suite through carl's "
+                                    "harness (resumable)")
+    r.add_argument("--suite", required=True, help="a suite directory (carl bench build --out)")
+    r.add_argument("--smoke", action="store_true", help="its smoke subset only (small tasks, for CPU models)")
+    add_agent_args(r)
+    r.add_argument("--name", help="the agent's name in the results (default: the checkpoint's folder, or the model)")
+    r.add_argument("--workers", type=int, help="episodes at once, each in its own sandbox (default: the run "
+                                               "config's rollout concurrency, else 16)")
+    r.add_argument("--price", metavar="IN,OUT", help="USD per million input and output tokens (e.g. 0.15,0.60): "
+                                                     "cost per task")
+    _add_out(r, "bench_results.json", "samples")
+    r.set_defaults(func=run)
+
     g = bsub.add_parser("grade", help="grade a predictions file (instance_id, model_patch) with the RL reward "
                                       "and its monitor (resumable)")
-    g.add_argument("--tasks", required=True, help="tasks JSONL (carl tasks build output)")
+    tasks = g.add_mutually_exclusive_group(required=True)
+    tasks.add_argument("--suite", help="a suite directory (carl bench build --out)")
+    tasks.add_argument("--tasks", help="tasks JSONL (carl tasks build output)")
+    g.add_argument("--smoke", action="store_true", help="with --suite: its smoke subset only")
     g.add_argument("--predictions", required=True,
                    help="JSONL, one {instance_id, model_patch, model_name_or_path} a line (or a .json list, or "
-                        "an object keyed by instance_id); a prediction for a task not in --tasks is an error")
-    g.add_argument("--out", default="bench_report.json",
-                   help="the JSON report; results are appended to OUT.partial.jsonl as tasks finish and a rerun "
-                        "reuses them (delete it to grade again)")
+                        "an object keyed by instance_id); a prediction for a task not in the tasks is an error")
     g.add_argument("--workers", type=int, default=4, help="tasks graded at once (two sandboxes each)")
     g.add_argument("--sandbox", default="bwrap", choices=list(BACKENDS), help="(default bwrap)")
+    _add_out(g, "bench_report.json", "tasks")
     g.set_defaults(func=grade)
+
+    rp = bsub.add_parser("report", help="a result's tables; --html: a self-contained page with plots")
+    rp.add_argument("results", help="a result JSON (carl bench run / grade --out, or carl eval --out)")
+    rp.add_argument("--html", help="write the page here (plots embedded, nothing loaded from elsewhere)")
+    rp.add_argument("--fail-below", type=float, metavar="P", help="exit 3 when pass@1 is below P (a CI gate)")
+    rp.set_defaults(func=report)
+
+    c = bsub.add_parser("compare", help="two results of the same tasks, paired, with the standard error of the "
+                                        "difference")
+    c.add_argument("a", help="the baseline's result")
+    c.add_argument("b", help="the result to compare with it (bench runs: scored with the same --seed)")
+    c.add_argument("--out", help="also write the comparison as JSON")
+    c.add_argument("--fail-if-worse", action="store_true",
+                   help="exit 3 when B is below A by more than 1.64 paired standard errors (a CI gate)")
+    c.set_defaults(func=compare)
+
     e = bsub.add_parser("export", help="write tasks as SWE-bench or SWE-smith task instances")
     e.add_argument("--tasks", required=True, help="tasks JSONL (carl tasks build output)")
     e.add_argument("--out", required=True, help="the JSONL to write, one task instance a line")
@@ -34,8 +91,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
+def _add_out(p: argparse.ArgumentParser, default: str, unit: str) -> None:
+    p.add_argument("--out", default=default,
+                   help=f"the JSON result (default {default}); {unit} are appended to OUT.partial.jsonl as they "
+                        "finish and a rerun reuses them (delete it to score everything again)")
+    p.add_argument("--fail-below", type=float, metavar="P", help="exit 3 when pass@1 is below P (a CI gate)")
+
+
 def grade(args: argparse.Namespace) -> int:
-    import sys
     import time
     from pathlib import Path
 
@@ -46,16 +109,13 @@ def grade(args: argparse.Namespace) -> int:
     from carl.eval.grade_report import build_grade_report, render_grade_table
     from carl.io import atomic_write_json
     from carl.sandbox.base import SandboxConfig
-    from carl.tasks import load_tasks
 
     if args.workers < 1:
         raise UserError(f"--workers: got {args.workers}, expected >= 1")
-    tasks = load_tasks(args.tasks, require_repos=True)
-    if not tasks:
-        raise UserError(f"--tasks: {args.tasks!r} holds no task, expected at least one")
+    tasks, strata, where = _tasks_of(args)
     predictions = load_predictions(args.predictions)
-    check_known(predictions, tasks, args.tasks)
-    partial = Path(args.out).with_name(Path(args.out).name + ".partial.jsonl")
+    check_known(predictions, tasks, where["tasks_file"])
+    partial = _partial(args.out)
     done = load_partial(partial, predictions)
     done = {k: v for k, v in done.items() if k in {t.instance_id for t in tasks}}
     console = Console()
@@ -64,35 +124,213 @@ def grade(args: argparse.Namespace) -> int:
     todo = len(tasks) - len(done)
     t0 = time.monotonic()
     config = GradeConfig(sandbox=SandboxConfig(backend=args.sandbox))
-    if console.is_terminal:
-        from rich.progress import Progress
 
-        with Progress(console=console) as progress:
-            bar = progress.add_task("grading", total=todo)
-            results = grade_all(tasks, predictions, config, partial, args.workers, done,
-                                on_graded=lambda g: progress.advance(bar))
-    else:  # a log: one line per task as it finishes
-        count = iter(range(1, todo + 1))
+    def line(g) -> str:
+        return f"{g.instance_id}: {g.status}" + (f" ({g.reason})" if g.reason else "") + f" {g.duration_s:.1f} s"
 
-        def line(g) -> None:
-            print(f"[{next(count)}/{todo}] {g.instance_id}: {g.status}"
-                  + (f" ({g.reason})" if g.reason else "") + f" {g.duration_s:.1f} s", flush=True)
-
-        results = grade_all(tasks, predictions, config, partial, args.workers, done, on_graded=line)
+    with _progress(console, todo, "grading", line) as on_graded:
+        results = grade_all(tasks, predictions, config, partial, args.workers, done, on_graded=on_graded)
     names = sorted({p.model_name_or_path for p in predictions.values() if p.model_name_or_path})
     name = names[0] if len(names) == 1 else Path(args.predictions).stem
-    report = build_grade_report(name, tasks, results, extra={
-        "tasks_file": str(args.tasks), "predictions_file": str(args.predictions), "sandbox": args.sandbox,
+    report = build_grade_report(name, tasks, results, strata=strata, extra={
+        **where, "predictions_file": str(args.predictions), "sandbox": args.sandbox,
         "monitor_action": config.monitor.action, "graded_now": todo, "wall_s": time.monotonic() - t0})
     console.print(render_grade_table(report))
     atomic_write_json(args.out, report)
     console.print(f"report written to {args.out}")
-    s = report["summary"]
-    if s["n"] == 0:
+    if report["summary"]["n"] == 0:
         print("carl: no task was scored: every grade failed in the infrastructure (see the reasons in "
               f"{args.out}); rerun to grade them again", file=sys.stderr)
         return 1
+    return _gate(report, args.fail_below)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.console import Console
+
+    from carl.errors import UserError
+    from carl.eval.bench import RL_MONITOR, run_samples, to_sample
+    from carl.eval.bench_run import build_run_report, load_partial_samples, render_run_table, run_key
+    from carl.eval.cli import agent_setup, load_policy
+    from carl.eval.suite import open_suite
+    from carl.io import append_jsonl, atomic_write_json
+    from carl.types import to_jsonable
+
+    setup = agent_setup(args)
+    price = _price(args.price)
+    workers = args.workers if args.workers is not None else setup.concurrency
+    if workers < 1:
+        raise UserError(f"--workers: got {workers}, expected >= 1")
+    _check_threshold(args.fail_below)
+    suite = open_suite(args.suite, args.smoke)
+    settings = {**setup.settings(args), "suite_lock_sha256": suite.lock_sha256, "smoke": args.smoke}
+    key = run_key(settings)
+    partial = _partial(args.out)
+    done = load_partial_samples(partial, key)
+    ids = {t.instance_id for t in suite.tasks}
+    done = {k: v for k, v in done.items() if k[0] in ids and k[1] < setup.samples}
+    console = Console()
+    if done:
+        console.print(f"{len(done)} samples already scored in {partial} (reused)")
+    todo = len(suite.tasks) * setup.samples - len(done)
+    t0 = time.monotonic()
+    new = []
+    if todo:
+        policy = load_policy(args, setup.run)
+
+        def line(s) -> str:
+            verdict = "infra failure: " + s.error if s.infra_failure else ("passed" if s.passed else "failed")
+            return f"{s.task_id} #{s.sample}: {verdict}, {s.tool_calls} tool calls, {s.wall_s:.1f} s"
+
+        with _progress(console, todo, f"{suite.name}{' (smoke)' if args.smoke else ''}", line) as on_done:
+            def record(t: int, j: int, rollout) -> None:
+                sample = to_sample(rollout, j)
+                append_jsonl(partial, {"run_key": key, **to_jsonable(sample)})
+                new.append(sample)
+                on_done(sample)
+
+            try:
+                run_samples(policy, suite.tasks, setup.samples, setup.limits, setup.tools, setup.sandbox, workers,
+                            skip=set(done), on_sample=record)
+            finally:
+                if hasattr(policy, "close"):
+                    policy.close()
+    extra = {"suite": suite.name, "suite_dir": str(suite.dir), **settings, "monitor_action": RL_MONITOR.action,
+             "workers": workers, "run_key": key, "sampled_now": len(new), "wall_s": time.monotonic() - t0}
+    report = build_run_report(args.name or setup.name, suite.tasks, [*done.values(), *new], setup.samples,
+                              suite.config.strata, price, extra)
+    console.print(render_run_table(report))
+    atomic_write_json(args.out, report)
+    console.print(f"results written to {args.out}")
+    if report["summary"]["n"] == 0:
+        print("carl: no sample was scored: every episode failed in the infrastructure (see infra_errors in "
+              f"{args.out}); rerun to run them again", file=sys.stderr)
+        return 1
+    return _gate(report, args.fail_below)
+
+
+def report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from carl.eval.bench_compare import load_result, result_kind
+
+    _check_threshold(args.fail_below)
+    result = load_result(args.results, "RESULTS")
+    console = Console()
+    if result_kind(result) == "grade":
+        from carl.eval.grade_report import render_grade_table
+
+        console.print(render_grade_table(result))
+    elif "strata" in result:
+        from carl.eval.bench_run import render_run_table
+
+        console.print(render_run_table(result))
+    else:  # a `carl eval` report: its own table
+        from carl.eval.report import BenchReport, TaskReport, render_table
+
+        k = result["summary"].get("k", 1)
+        console.print(render_table(BenchReport(result["summary"].get("name", ""), k,
+                                               [TaskReport(**t) for t in result["tasks"]])))
+    if args.html:
+        from carl.eval.html_report import render_html
+        from carl.io import atomic_write_text
+
+        atomic_write_text(args.html, render_html(result))
+        console.print(f"report written to {args.html} ({Path(args.html).stat().st_size // 1024} KiB, self-contained)")
+    return _gate(result, args.fail_below)
+
+
+def compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from carl.eval.bench_compare import Z_WORSE, compare_results, load_result, render, worse
+
+    c = compare_results(load_result(args.a, "A"), load_result(args.b, "B"))
+    render(c, Console())
+    if args.out:
+        from carl.io import atomic_write_json
+
+        atomic_write_json(args.out, c)
+    if args.fail_if_worse and worse(c):
+        print(f"carl: B is worse than A by more than {Z_WORSE} paired standard errors ({c['diff']:+.3f} ± "
+              f"{c['se_paired']:.3f})", file=sys.stderr)
+        return 3
     return 0
+
+
+def _tasks_of(args: argparse.Namespace):
+    """(tasks, strata config, where they came from) of --suite [--smoke] or --tasks."""
+    from carl.errors import UserError
+    from carl.eval.strata import StrataConfig
+    from carl.tasks import load_tasks
+
+    if args.suite:
+        from carl.eval.suite import open_suite
+
+        suite = open_suite(args.suite, args.smoke)
+        tasks_file = suite.dir / ("smoke.jsonl" if args.smoke else "tasks.jsonl")
+        return suite.tasks, suite.config.strata, {"suite": suite.name, "suite_dir": str(suite.dir), "smoke": args.smoke,
+                                                  "suite_lock_sha256": suite.lock_sha256, "tasks_file": str(tasks_file)}
+    if args.smoke:
+        raise UserError("--smoke: a suite's smoke subset, expected --suite DIR with it (not --tasks)")
+    tasks = load_tasks(args.tasks, require_repos=True)
+    if not tasks:
+        raise UserError(f"--tasks: {args.tasks!r} holds no task, expected at least one")
+    return tasks, StrataConfig(), {"tasks_file": str(args.tasks)}
+
+
+def _partial(out: str):
+    from pathlib import Path
+
+    return Path(out).with_name(Path(out).name + ".partial.jsonl")
+
+
+@contextlib.contextmanager
+def _progress(console, total: int, what: str, line: Callable[[Any], str]) -> Iterator[Callable[[Any], None]]:
+    """A callback for each finished item: a progress bar on a terminal, else one line each (a log)."""
+    if console.is_terminal:
+        from rich.progress import Progress
+
+        with Progress(console=console) as progress:
+            bar = progress.add_task(what, total=total)
+            yield lambda item: progress.advance(bar)
+    else:
+        count = itertools.count(1)
+        yield lambda item: print(f"[{next(count)}/{total}] {line(item)}", flush=True)
+
+
+def _price(text: str | None):
+    """--price IN,OUT -> Price; UserError naming the flag and the expected form."""
+    if text is None:
+        return None
+    from carl.errors import UserError
+    from carl.eval.bench_run import Price
+
+    try:
+        a, b = (float(x) for x in text.split(","))
+        return Price(a, b)
+    except ValueError as e:
+        raise UserError(f"--price: got {text!r}, expected IN,OUT: US dollars per million input and output tokens, "
+                        f"two numbers >= 0 such as 0.15,0.60 ({e})") from None
+
+
+def _check_threshold(p: float | None) -> None:
+    from carl.errors import UserError
+
+    if p is not None and not 0 <= p <= 1:
+        raise UserError(f"--fail-below: got {p}, expected a pass@1 between 0 and 1")
+
+
+def _gate(result: dict, threshold: float | None) -> int:
+    """3 when pass@1 is below --fail-below (said on stderr), else 0."""
+    if threshold is None or result["summary"]["pass@1"] >= threshold:
+        return 0
+    print(f"carl: pass@1 {result['summary']['pass@1']:.3f} is below --fail-below {threshold}", file=sys.stderr)
+    return 3
 
 
 def export(args: argparse.Namespace) -> int:
@@ -104,3 +342,4 @@ def export(args: argparse.Namespace) -> int:
     atomic_write_jsonl(args.out, [FORMATS[args.format](t) for t in tasks])
     print(f"wrote {len(tasks)} {args.format} task instances to {args.out}")
     return 0
+

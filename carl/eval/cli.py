@@ -1,20 +1,40 @@
 """`carl eval --checkpoint DIR --tasks FILE`: pass@1, pass@k, tokens, tool calls, wall time per task.
-`carl compare A.json B.json`: two such reports of the same tasks, sample by sample (carl.eval.paired)."""
+`carl compare A.json B.json`: two such reports of the same tasks, sample by sample (carl.eval.paired).
+
+The agent's flags and their resolution (`add_agent_args`, `agent_setup`, `load_policy`) are shared
+with `carl bench run`, which scores the same way on a suite (carl.eval.bench_cli)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+import dataclasses
+from dataclasses import dataclass, replace
 from pathlib import Path
-from carl.sandbox.base import BACKENDS
+from typing import TYPE_CHECKING, Any
+
+from carl.sandbox.base import BACKENDS, SandboxConfig
+
+if TYPE_CHECKING:
+    from carl.harness.agent import EpisodeLimits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint or endpoint on tasks (pass@1, pass@k, ...)")
+    p.add_argument("--tasks", required=True, help="tasks JSONL (carl tasks build output)")
+    add_agent_args(p)
+    p.add_argument("--out", default="eval_report.json", help="where to write the JSON report")
+    p.set_defaults(func=run)
+    c = sub.add_parser("compare", help="difference of two eval reports, sample by sample, with its standard error")
+    c.add_argument("a", help="the baseline's report (carl eval --out), e.g. the warm start's")
+    c.add_argument("b", help="the report to compare with it, scored with the same --seed for a paired comparison")
+    c.set_defaults(func=compare)
+
+
+def add_agent_args(p: argparse.ArgumentParser) -> None:
+    """The agent being scored and its episode settings (`carl eval`, `carl bench run`)."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a checkpoint dir (runs/X/checkpoints/step_N) or a HF model folder")
     src.add_argument("--policy", help="openai:URL#MODEL for an OpenAI-compatible endpoint")
-    p.add_argument("--tasks", required=True, help="tasks JSONL (carl tasks build output)")
     p.add_argument("--run-config", help="a training run's config.toml: score as that run's own eval does (its "
                                         "episode limits, tools, sandbox, eval temperature and samples, sampler dtype, "
                                         "device and concurrency); the flags below still win where given")
@@ -32,12 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seeds the sampler: each episode draws from its own stream (task, sample, turn), so "
                         "the same seed repeats an eval, and two checkpoints scored with one seed share their "
                         "random numbers")
-    p.add_argument("--out", default="eval_report.json", help="where to write the JSON report")
-    p.set_defaults(func=run)
-    c = sub.add_parser("compare", help="difference of two eval reports, sample by sample, with its standard error")
-    c.add_argument("a", help="the baseline's report (carl eval --out), e.g. the warm start's")
-    c.add_argument("b", help="the report to compare with it, scored with the same --seed for a paired comparison")
-    c.set_defaults(func=compare)
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -83,11 +97,59 @@ def run(args: argparse.Namespace) -> int:
     from carl.errors import UserError
     from carl.eval.bench import evaluate
     from carl.eval.report import render_table
+    from carl.io import atomic_write_json
+    from carl.tasks import load_tasks
+
+    setup = agent_setup(args)
+    if not Path(args.tasks).is_file():
+        raise UserError(f"--tasks: {args.tasks!r} does not exist")
+    tasks = load_tasks(args.tasks, require_repos=True)
+    policy = load_policy(args, setup.run)
+    console = Console()
+    report, _ = evaluate(setup.name, policy, tasks, setup.samples, setup.limits, setup.tools, setup.sandbox,
+                         max_workers=setup.concurrency)
+    console.print(render_table(report))
+    atomic_write_json(args.out, report.to_dict())
+    console.print(f"report written to {args.out}")
+    if hasattr(policy, "close"):
+        policy.close()
+    if not any(t.n for t in report.tasks):
+        console.print("[red]no sample was scored: every episode failed in the infrastructure (see above)[/]")
+        return 1
+    return 0
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """What `add_agent_args`' flags resolve to, before any model is loaded."""
+
+    name: str
+    """The checkpoint's folder name, or the endpoint spec's last part."""
+    samples: int
+    limits: EpisodeLimits
+    tools: dict[str, Any]
+    sandbox: SandboxConfig
+    concurrency: int
+    """Episodes at once: the run's rollout concurrency with --run-config, else 16."""
+    run: Any
+    """The TrainConfig of --run-config, or None."""
+
+    def settings(self, args: argparse.Namespace) -> dict[str, Any]:
+        """What decides the samples (a resumed bench run must not mix two of these): the agent,
+        its sampling and limits, the tools and the sandbox backend."""
+        return {"agent": args.checkpoint and str(Path(args.checkpoint).resolve()) or args.policy,
+                "run_config": args.run_config and str(Path(args.run_config).resolve()),
+                "temperature": args.temperature, "seed": args.seed, "samples_per_task": self.samples,
+                "limits": dataclasses.asdict(self.limits), "tools": sorted(self.tools),
+                "sandbox": self.sandbox.backend}
+
+
+def agent_setup(args: argparse.Namespace) -> AgentSetup:
+    """Resolve and check `add_agent_args`' flags (the run config's eval settings fill those not
+    given); UserError naming the flag for a bad one. Loads no model (`load_policy` does)."""
+    from carl.errors import UserError
     from carl.harness.agent import EpisodeLimits
     from carl.harness.tools import default_tools
-    from carl.io import atomic_write_json
-    from carl.sandbox.base import SandboxConfig
-    from carl.tasks import load_tasks
 
     run = _run_config(args.run_config)
     if run is not None:  # the run's own eval settings fill every flag not given
@@ -102,9 +164,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--samples: got {args.samples}, expected >= 1")
     if args.wall_time_s is not None and not args.wall_time_s > 0:
         raise UserError(f"--wall-time-s: got {args.wall_time_s:g}, expected a positive number of seconds")
-    if not Path(args.tasks).is_file():
-        raise UserError(f"--tasks: {args.tasks!r} does not exist")
-    tasks = load_tasks(args.tasks, require_repos=True)
     tools = default_tools()
     if args.tools:
         unknown = sorted(set(args.tools.split(",")) - set(tools))
@@ -120,20 +179,9 @@ def run(args: argparse.Namespace) -> int:
     limits = replace(limits, **{k: v for k, v in (("max_turns", args.max_turns),
                                                   ("max_new_tokens", args.max_new_tokens),
                                                   ("wall_time_s", args.wall_time_s)) if v is not None})
-    policy = _policy(args, run)
-    console = Console()
-    report, _ = evaluate(Path(args.checkpoint or args.policy).name, policy, tasks, args.samples, limits,
-                         tools, SandboxConfig(backend=args.sandbox),
-                         max_workers=run.rollout.concurrency if run is not None else 16)
-    console.print(render_table(report))
-    atomic_write_json(args.out, report.to_dict())
-    console.print(f"report written to {args.out}")
-    if hasattr(policy, "close"):
-        policy.close()
-    if not any(t.n for t in report.tasks):
-        console.print("[red]no sample was scored: every episode failed in the infrastructure (see above)[/]")
-        return 1
-    return 0
+    return AgentSetup(name=Path(args.checkpoint or args.policy).name, samples=args.samples, limits=limits,
+                      tools=tools, sandbox=SandboxConfig(backend=args.sandbox),
+                      concurrency=run.rollout.concurrency if run is not None else 16, run=run)
 
 
 def _run_config(path: str | None):
@@ -149,7 +197,8 @@ def _run_config(path: str | None):
     return load_config(TrainConfig, path, [])
 
 
-def _policy(args, run=None):
+def load_policy(args: argparse.Namespace, run: Any = None) -> Any:
+    """The policy of --checkpoint (an HFEngine; with --run-config sampling as that run's eval) or --policy."""
     from carl.errors import UserError
 
     if args.policy:
@@ -167,8 +216,6 @@ def _policy(args, run=None):
     if run is None:
         return HFEngine(HFEngineConfig(path=str(path), temperature=args.temperature, seed=args.seed))
     from carl.train.loop import sampler_config
-
-    import dataclasses
 
     # a LoRA run's checkpoint loads merged (carl.engine.hf.load_model): no adapters on top
     return HFEngine(dataclasses.replace(sampler_config(run, path, args.temperature, seed=args.seed), lora=None))

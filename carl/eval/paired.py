@@ -1,6 +1,7 @@
 """Paired comparison of two eval reports of the same tasks: the difference of pass@1 and its noise.
 
     report A, report B (JSON of `BenchReport.to_dict`, per-task `outcomes` in sample order)
+    (`paired_rates`: any two results given as per-task pass rates, e.g. graded predictions)
         --> per task: mean of B_j - A_j over the samples j scored in both
         --> difference of pass@1 (task-weighted, like pass@1), its standard error as paired and as if
             the two evals had drawn independent random numbers, and how many episodes were identical
@@ -85,6 +86,49 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any]) -> PairedDiff:
                       tasks_worse=sum(b < a for _, a, b, _ in per_task), per_task=tuple(per_task))
 
 
-def _var(xs: list[int]) -> float:
+def _var(xs: list[float]) -> float:
     """Unbiased sample variance; 0 for a single sample (it has no spread to estimate)."""
     return statistics.variance(xs) if len(xs) > 1 else 0.0
+
+
+def paired_rates(a: dict[str, float], b: dict[str, float], same: set[str] = frozenset()) -> PairedDiff:
+    """Compare results `b` and `a` task by task, from each task's pass rate in them (a graded
+    prediction's 0 or 1, a run's passes over its scored samples), paired by task id.
+
+    One outcome per task (a predictions file) cannot show how much of it was the agent's luck, so
+    the noise counted here is that of the tasks themselves, as a sample of tasks of their kind:
+    the standard error of the mean of the per-task differences d_t = b_t - a_t over T tasks,
+    sd(d) / √T (the paired SE), and √((Var a + Var b) / T) had the two been scored on
+    independent draws of tasks. `same`: tasks whose two answers were identical (equal patches).
+    """
+    common = [t for t in a if t in b]
+    if not common:
+        raise ValueError("the two results share no task scored in both")
+    xa, xb = [a[t] for t in common], [b[t] for t in common]
+    d = [y - x for x, y in zip(xa, xb)]
+    k = len(common)
+    return PairedDiff(tasks=k, pairs=k, pass_a=statistics.fmean(xa), pass_b=statistics.fmean(xb),
+                      diff=statistics.fmean(d), se_paired=math.sqrt(_var(d) / k),
+                      se_independent=math.sqrt((_var(xa) + _var(xb)) / k),
+                      identical=sum(t in same for t in common), agree=sum(x == y for x, y in zip(xa, xb)),
+                      tasks_better=sum(x > 0 for x in d), tasks_worse=sum(x < 0 for x in d))
+
+
+def over_tasks(d: PairedDiff) -> PairedDiff:
+    """`d` with its standard error counted over tasks: the spread of the per-task differences / √T.
+
+    `paired_difference`'s SE counts the samples' luck on these tasks only; this one also counts
+    which tasks were drawn, so it is the noise of a claim about held-out tasks of their kind."""
+    return paired_rates({t: a / n for t, a, _, n in d.per_task}, {t: b / n for t, _, b, n in d.per_task})
+
+
+def in_words(diff: float, se: float, what: str = "B", than: str = "A", z: float = 2.0) -> str:
+    """Whether a difference is beyond noise, in words: beyond `z` standard errors or not."""
+    if se == 0:
+        return f"{what} and {than} scored the same on every task" if diff == 0 else \
+            f"{what} differs from {than} by {diff:+.3f} with no spread to judge it by"
+    if diff > z * se:
+        return f"{what} beat {than} beyond noise ({diff / se:.1f} standard errors)"
+    if diff < -z * se:
+        return f"{what} scored below {than} beyond noise ({-diff / se:.1f} standard errors)"
+    return f"within noise: {what} - {than} is {abs(diff) / se:.1f} standard errors from 0 (needs {z:g})"

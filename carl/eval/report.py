@@ -41,6 +41,10 @@ class Sample:
     stop_reason: str = ""
     error: str = ""  # why its infrastructure failed (one line), when it did
     digest: str = ""  # a hash of what the policy wrote: equal digests, identical episodes
+    sample: int = 0  # its index j among its task's samples (it sampled from the streams "<task id>/j")
+    input_tokens: int = 0  # the tokens its generations were prompted with, summed (carl.eval.bench)
+    tokens_counted: bool = True  # False: a chat endpoint that reported no token counts (both are 0)
+    monitor_flags: list[str] = field(default_factory=list)  # kinds of the monitor's flags
 
 
 @dataclass
@@ -59,6 +63,9 @@ class TaskReport:
     infra_errors: dict[str, int] = field(default_factory=dict)  # why its unscored ones failed, counted
     outcomes: str = ""  # per sample in sample order: "1" passed, "0" failed, "x" infrastructure failure
     digests: list[str] = field(default_factory=list)  # per sample in sample order (Sample.digest)
+    mean_input_tokens: float = 0.0  # tokens prompted per sample (mean_tokens: generated per sample)
+    tokens_counted: bool = True  # every scored sample's tokens were counted
+    monitor_flags: dict[str, int] = field(default_factory=dict)  # flag kind -> scored samples flagged
 
 
 @dataclass
@@ -90,12 +97,14 @@ class BenchReport:
             "pass@1": self.pass_at_1,
             f"pass@{self.k}": self.pass_at_k,
             "tokens_per_task": mean("mean_tokens"),
+            "input_tokens_per_task": mean("mean_input_tokens"),
             "tool_calls_per_task": mean("mean_tool_calls"),
             "wall_s_per_task": mean("mean_wall_s"),
             "finish_rate": mean("finish_rate"),
             "infra_failures": sum(t.infra_failures for t in self.tasks),
             "stop_reasons": dict(sum((Counter(t.stop_reasons) for t in self.tasks), Counter())),
             "infra_errors": self.infra_errors(),
+            "monitor_flags": dict(sum((Counter(t.monitor_flags) for t in self.tasks), Counter()).most_common()),
         }
 
     def infra_errors(self) -> dict[str, int]:
@@ -132,6 +141,9 @@ def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
                 infra_errors=dict(Counter(s.error for s in group if s.infra_failure)),
                 outcomes="".join("x" if s.infra_failure else str(int(s.passed)) for s in group),
                 digests=[s.digest for s in group],
+                mean_input_tokens=_mean([s.input_tokens for s in ok]),
+                tokens_counted=all(s.tokens_counted for s in ok),
+                monitor_flags=dict(Counter(f for s in ok for f in s.monitor_flags)),
             )
         )
     return report
