@@ -127,7 +127,7 @@ def build_world(first: Path, out: Path, rl_repos: int, eval_repos: int) -> tuple
     m, backend = config["micro"], config.get("sandbox", {}).get("backend", "bwrap")
     world = build_micro_tasks(out, m["seed"], m["difficulty"], {"rl": rl_repos, "eval": eval_repos},
                               m["modules_per_repo"], m["defs_per_module"], m["max_tasks_per_repo"], backend=backend,
-                              progress=lambda split, s, r: print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
+                              progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
     return world["rl"], world["eval"]
 
 
@@ -168,7 +168,13 @@ def print_summary(run_dir: Path, warm_path: Path, templates: list[str], after_pa
         line(template_group(name, name in templates), {i for i, n in names.items() if n == name})
     rates = [r["rl/pass_rate"] for r in read_jsonl(run_dir / "metrics.jsonl") if "rl/pass_rate" in r]
     print("RL rollouts' pass rate per step: " + " ".join(f"{x:.2f}" for x in rates))
-    atomic_write_json(run_dir / "transfer.json", {"templates": templates, "rl_pass_rate": rates, "groups": rows})
+    # every episode's outcome ("1", "0", "x" = infrastructure failure) in sample order, warm start then
+    # after RL: enough to recompute every paired difference above (carl.eval.paired)
+    outcomes = {t["task_id"]: [t["outcomes"]] for t in warm["tasks"] if t["task_id"] in names}
+    for t in after["tasks"]:
+        outcomes.get(t["task_id"], []).append(t["outcomes"])
+    atomic_write_json(run_dir / "transfer.json", {"templates": templates, "rl_pass_rate": rates, "groups": rows,
+                                                  "outcomes": outcomes})
 
 
 if __name__ == "__main__":

@@ -105,9 +105,9 @@ def test_the_tables_stay_readable_in_80_columns():
     r = build_report("micro eval", [Sample(long_id, True, 1.0, 10, 3, 0, 1.0, stop_reason="finished")], k=1)
     console = Console(width=80, record=True)
     console.print(render_table(r))
-    summary = {"warm_start": {"k": 4, "pass@1": 0.389, "pass@4": 0.5, "tokens_per_task": 1234.0,
-                              "tool_calls_per_task": 3.4, "finish_rate": 0.95, "wall_s_per_task": 12.0}}
-    print_final_report(console, summary, __import__("pathlib").Path("/tmp/run"))
+    reports = {"warm_start": {"summary": {"k": 4, "pass@1": 0.389, "pass@4": 0.5, "tokens_per_task": 1234.0,
+                                          "tool_calls_per_task": 3.4, "finish_rate": 0.95, "wall_s_per_task": 12.0}}}
+    print_final_report(console, reports, __import__("pathlib").Path("/tmp/run"))
     text = console.export_text()
     assert "…" not in text
     for header in ("passed", "pass@1", "tokens", "calls", "done", "wall s", "infra", "checkpoint", "warm_start"):

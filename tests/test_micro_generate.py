@@ -19,13 +19,49 @@ def test_same_seed_same_bytes(tmp_path):
     )
 
 
-@pytest.mark.parametrize("difficulty", [1, 2, 3])
+@pytest.mark.parametrize("difficulty", [1, 2, 3, 4, 5])
 def test_generated_suite_passes(tmp_path, difficulty):
     repo = generate_repo(tmp_path / "r", seed=11, difficulty=difficulty)
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=repo.root,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{len(repo.definitions)} passed" in out.stdout
+
+
+@pytest.mark.parametrize("difficulty", [4, 5])
+def test_reading_levels_keep_the_answer_out_of_the_docstring(tmp_path, difficulty):
+    """At levels 4-5 a docstring names a rule in words; what the body needs is elsewhere: constants of
+    the module (level 4) or of the settings module (level 5), or a sibling function it calls."""
+    import ast
+    import re
+
+    for seed in range(6):
+        repo = generate_repo(tmp_path / f"r{seed}", seed=seed, difficulty=difficulty, num_modules=3)
+        settings = repo.root / repo.package / "settings.py"
+        assert settings.exists() == (difficulty == 5)
+        for module in (repo.root / repo.package).glob("*.py"):
+            if module.name in ("__init__.py", "settings.py"):
+                continue
+            tree = ast.parse(module.read_text())
+            assigns = [n for n in tree.body if isinstance(n, ast.Assign)]
+            assert bool(assigns) == (difficulty == 4)  # level 5: constants live in settings.py only
+            for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+                doc = ast.get_docstring(fn)
+                assert not re.search(r"\d|'|[A-Z]{2}", doc), (fn.name, doc)  # no value, no constant's name
+                body = ast.unparse(fn.body[1:])
+                assert re.search(r"\b[A-Z]+_[A-Z]+\b", body) or re.search(r"\w+_\w+\(", body), body
+
+
+def test_reading_tests_do_not_let_a_constant_answer_pass(tmp_path):
+    """Every test's asserts expect at least two different values (a `return True` fails them)."""
+    import re
+
+    for seed in range(8):
+        repo = generate_repo(tmp_path / f"r{seed}", seed=seed, difficulty=4, num_modules=3, defs_per_module=4)
+        for test in (repo.root / "tests").glob("test_*.py"):
+            for body in test.read_text().split("\n\n\ndef ")[1:]:
+                expected = re.findall(r"== (.+)$", body, re.M)
+                assert len(expected) == 3 and len(set(expected)) >= 2, body
 
 
 def test_bad_arguments(tmp_path):

@@ -149,3 +149,24 @@ def test_has_signal_needs_a_pass_and_a_fail_not_just_a_penalty():
     assert not has_signal(penalized)
     passed_with_an_error = dataclasses.replace(token_rollout(*seq, reward=0.9), passed=True)
     assert has_signal([passed_with_an_error, token_rollout(*seq, reward=-0.2)])
+
+
+@pytest.mark.parametrize("difficulty", [4, 5])
+def test_the_expert_solves_reading_tasks_and_reads_the_settings_module_they_need(tmp_path, difficulty):
+    """Levels 4-5 of the micro world: the expert (the warm start's teacher) restores every task, and at
+    level 5 it reads the package's settings module, where the constants it writes live."""
+    from carl.harness.tools import default_tools
+    from carl.micro.expert import ExpertMistakes, ExpertPolicy
+    from carl.micro.world import build_micro_tasks
+
+    world = build_micro_tasks(tmp_path, seed=5, difficulty=difficulty, repos={"eval": 2}, max_tasks_per_repo=3,
+                              backend="local")
+    tasks = world["eval"]
+    assert len(tasks) >= 4
+    groups = collect_groups(lambda t, j: ExpertPolicy(tasks[t], ExpertMistakes()), tasks, 1,
+                            EpisodeLimits(max_turns=8), default_tools(), SandboxConfig(backend="local"))
+    for (r,) in groups:
+        assert r.valid and r.passed, (r.task.instance_id, r.feedback)
+        reads = [c.params["path"] for turn in r.trajectory.turns for c in turn.calls if c.name == "read_file"]
+        reads_settings = any(p.endswith("/settings.py") for p in reads)
+        assert reads_settings == ("settings." in r.task.patch), (r.task.instance_id, reads)

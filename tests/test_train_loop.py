@@ -71,6 +71,22 @@ def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path
     assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
 
 
+def test_rl_steps_0_is_a_warm_start_evaluated_once_and_a_branch_of_it_trains(tmp_path, one_task, capsys):
+    torch.set_num_threads(1)
+    summary = train(_cfg(tmp_path, one_task, "rl.steps=0"), Console(quiet=True))
+    run = tmp_path / "run"
+    assert set(summary) == {"warm_start"}  # no RL step: no rollout, no second eval of the same weights
+    assert sorted(p.name for p in (run / "eval").glob("step*.json")) == ["step000000.json"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert not any("rl/reward_mean" in r for r in rows)
+    from carl.cli import main as carl
+
+    branch = tmp_path / "branch"  # the run's own config.toml names the tiny model and the tasks
+    assert carl(["train", str(run / "config.toml"), f"run_dir={branch}", "rl.steps=1", "--branch-from", f"{run}:0"]) == 0
+    assert set(json.loads((branch / "report.json").read_text())) == {"warm_start", "rl"}
+    assert "RL - warm start on 1 held-out tasks" in capsys.readouterr().out
+
+
 def test_rl_tasks_without_tasks_is_a_config_error(tmp_path, one_task):
     cfg = load_config(TrainConfig, None, [f"run_dir={tmp_path}", f"rl_tasks={one_task}"])
     with pytest.raises(ConfigError, match="rl_tasks"):

@@ -12,6 +12,7 @@ from rich.console import Console
 from carl.config import load_config
 from carl.train.config import TrainConfig
 from carl.train.loop import load_task_sets
+from carl.train.progress import RunProgress
 
 spec = importlib.util.spec_from_file_location("learning", Path("benchmarks/learning.py"))
 learning = importlib.util.module_from_spec(spec)
@@ -21,5 +22,5 @@ run_dir = Path(out) / f"seed{seed}_{arm}"
 cfg = load_config(TrainConfig, None, [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}",
                                       *learning.ARMS[arm], *extra])
 t0 = time.time()
-world = load_task_sets(cfg, run_dir, Console())
+world = load_task_sets(cfg, run_dir, RunProgress(Console()))
 print(f"seed {seed}: {[len(v) for v in world.values()]} tasks in {time.time() - t0:.0f}s", flush=True)

@@ -15,7 +15,7 @@ from carl.sandbox.base import BACKENDS
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="a scripted agent solves a generated repo task in a sandbox (transcript)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--difficulty", type=int, default=2, choices=[1, 2, 3])
+    p.add_argument("--difficulty", type=int, default=2, choices=[1, 2, 3, 4, 5])
     p.add_argument("--sandbox", default="bwrap", choices=list(BACKENDS))
     p.add_argument("--workdir", default=None, help="where to build the task (default: a temp dir)")
     p.set_defaults(func=run)

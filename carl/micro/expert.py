@@ -148,7 +148,7 @@ def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[st
     if rng.random() < mistakes.bad_call:
         plan.append("Let me open the file." + render_call(ToolCall("open_file", {"path": paths[0]})))
     if rng.random() >= mistakes.skip_read:
-        reads = "".join(render_call(ToolCall("read_file", {"path": p})) for p in paths)
+        reads = "".join(render_call(ToolCall("read_file", {"path": p})) for p in paths + referenced_files(task, edits))
         plan.append("I will read the code the failing tests exercise." + reads)
     wrong = _wrong_edit(edits[0]) if rng.random() < mistakes.wrong_edit else None
     for i, e in enumerate(edits):
@@ -161,6 +161,21 @@ def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[st
     plan.append("Now the tests." + render_call(ToolCall("run_tests", {"tests": tests})))
     plan.append("The feature is restored." + render_call(ToolCall("finish", {"message": "Restored the deleted code."})))
     return plan
+
+
+def referenced_files(task, edits: list[Edit]) -> list[str]:
+    """Other modules of the repo whose names the restored code reads (`settings.PRICE_STEP` in a file
+    that does `from pkg import settings`): a careful engineer reads them before writing the code."""
+    files: list[str] = []
+    for e in edits:
+        text = _broken_text(task, e.path) or ""
+        imported = {m.group(2): m.group(1).replace(".", "/") + "/" + m.group(2) + ".py"
+                    for m in re.finditer(r"^from ([\w.]+) import (\w+)$", text, re.M)}
+        for name in re.findall(r"\b(\w+)\.\w+", _code_only(e.new)):
+            path = imported.get(name)
+            if path and path not in files and path != e.path and _broken_text(task, path) is not None:
+                files.append(path)
+    return files
 
 
 def _broken_text(task, path: str) -> str | None:

@@ -6,10 +6,16 @@ test per definition whose expected values were computed by running the generated
 repositories then go through the same task pipeline as real ones (carl.tasks): a definition is
 deleted, and the agent must rebuild it from its docstring and the failing test.
 
-Difficulty levels:
+Difficulty levels (one dial):
   1  one-line functions (arithmetic, string and list one-liners)
   2  adds small multi-line functions (loops, branches)
   3  adds a class whose methods carry state
+  4  reading the module: docstrings name a rule, its value is a constant or a sibling of the module
+  5  reading across modules: the constants live in the package's `settings` module
+     (levels 4 and 5: carl.micro.reading)
+
+At levels 1-3 a docstring states its function's body outright; those levels are kept so that
+results measured on them stay comparable.
 
 Everything is a pure function of (seed, difficulty): the same arguments give the same bytes.
 """
@@ -57,6 +63,8 @@ _MULTI_LINE = [
      "    out.append(best)\nreturn out", ["list"]),
 ]
 
+LEVELS = (1, 2, 3, 4, 5)
+
 _NOUNS = ["price", "score", "count", "level", "value", "token", "label", "weight", "index", "name"]
 _MODULES = ["numbers", "text", "lists", "metrics", "records", "shapes"]
 _WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa"]
@@ -93,8 +101,8 @@ class MicroRepo:
 def generate_repo(out_dir: str | Path, seed: int, difficulty: int = 1, num_modules: int = 2,
                   defs_per_module: int = 3) -> MicroRepo:
     """Write a micro repository into `out_dir` (created; must be empty or absent)."""
-    if difficulty not in (1, 2, 3):
-        raise ValueError(f"difficulty: got {difficulty!r}, expected 1, 2 or 3")
+    if difficulty not in LEVELS:
+        raise ValueError(f"difficulty: got {difficulty!r}, expected one of {LEVELS}")
     if not 1 <= num_modules <= len(_MODULES):
         raise ValueError(f"num_modules: got {num_modules!r}, expected 1..{len(_MODULES)}")
     root = Path(out_dir)
@@ -110,6 +118,9 @@ def generate_repo(out_dir: str | Path, seed: int, difficulty: int = 1, num_modul
         f'[project]\nname = "{package}"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n'
     )
     definitions: list[str] = []
+    if difficulty >= 4:
+        definitions = _write_reading_modules(rng, root, package, difficulty, num_modules, defs_per_module)
+        return MicroRepo(root, package, tuple(definitions), difficulty, seed)
     for module in rng.sample(_MODULES, num_modules):
         templates = rng.sample(pool, defs_per_module)
         src, tests, names = _module_source(rng, package, module, templates)
@@ -122,6 +133,24 @@ def generate_repo(out_dir: str | Path, seed: int, difficulty: int = 1, num_modul
         (root / "tests" / f"test_{module}.py").write_text(tests)
         definitions += [f"{package}.{module}.{n}" for n in names]
     return MicroRepo(root, package, tuple(definitions), difficulty, seed)
+
+
+def _write_reading_modules(rng: random.Random, root: Path, package: str, level: int, num_modules: int,
+                           defs_per_module: int) -> list[str]:
+    from carl.micro import reading  # it builds on this module's helpers
+
+    definitions: list[str] = []
+    settings: dict[str, object] = {}
+    for noun in rng.sample(reading.NOUNS, num_modules):
+        rules = reading.pick_rules(rng, defs_per_module)
+        src, tests, names, consts = reading.module_source(rng, package, noun, rules, level)
+        (root / package / f"{noun}.py").write_text(src)
+        (root / "tests" / f"test_{noun}.py").write_text(tests)
+        definitions += [f"{package}.{noun}.{n}" for n in names]
+        settings.update(consts)
+    if level >= 5:
+        (root / package / "settings.py").write_text(reading.settings_source(package, settings))
+    return definitions
 
 
 def _module_source(rng: random.Random, package: str, module: str, templates) -> tuple[str, str, list[str]]:

@@ -43,7 +43,8 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
     """Generate each split's repos and build their tasks (stub-mode function and method deletions).
 
     `repos` maps a split ("warm_start", "rl", "eval") to its number of repos; returns the tasks of
-    each split, sorted by id, also written to <out_dir>/<split>.jsonl.
+    each split, sorted by id, also written to <out_dir>/<split>.jsonl. `progress(split, seed, result)`
+    is called for each repo as it is ready: its build result, or None for a repo built before.
     """
     out = Path(out_dir)
     cfg = BuildConfig(max_per_repo=max_tasks_per_repo, modes=("stub",), kinds=("function", "method"),
@@ -55,6 +56,8 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
         for s in split_seeds(split, seed, num_repos):
             repo_dir = out / "repos" / split / f"repo{s}"
             if str(repo_dir) in done:
+                if progress is not None:
+                    progress(split, s, None)
                 continue
             if not repo_dir.exists():
                 generate_repo(repo_dir, seed=s, difficulty=difficulty, num_modules=modules_per_repo,

@@ -67,21 +67,24 @@ def collect_groups(
     monitor: MonitorConfig = MonitorConfig(),
     max_workers: int = 16,
     shaping: ShapingConfig = ShapingConfig(),
+    on_done: Callable[[Rollout], None] = lambda r: None,
 ) -> list[list[Rollout]]:
     """Run `group_size` episodes of every task concurrently; returns one group per task.
 
     `policy_factory(t, j)` gives the policy of sample j of task `tasks[t]`: the shared batched token
     policy for RL, the episode streams named by (task, sample) for evaluation, or a fresh scripted
     expert per episode for warm-start data. `shaping` turns test rewards into training rewards
-    (`carl.rewards.shaping`).
+    (`carl.rewards.shaping`). `on_done` sees each rollout as it finishes (progress).
     """
     jobs = [(t, j) for t in range(len(tasks)) for j in range(group_size)]
+
+    def run(tj: tuple[int, int]) -> Rollout:
+        r = run_rollout(policy_factory(*tj), tasks[tj[0]], limits, tools, sandbox, reward, monitor, shaping)
+        on_done(r)
+        return r
+
     with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs))) as pool:
-        results = list(pool.map(
-            lambda tj: run_rollout(policy_factory(*tj), tasks[tj[0]], limits, tools, sandbox, reward, monitor,
-                                   shaping),
-            jobs,
-        ))
+        results = list(pool.map(run, jobs))
     return [results[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
 
 
@@ -161,6 +164,7 @@ def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:
         "rl/tool_calls_per_episode": calls / n,
         "rl/tool_error_rate": sum(r.trajectory.num_tool_errors for r in valid) / max(attempts, 1),
         "rl/turns_per_episode": sum(len(r.trajectory.turns) for r in valid) / n,
+        "rl/summaries_per_episode": sum(r.trajectory.metadata.get("num_summaries", 0) for r in valid) / n,
         "rl/finish_rate": sum(r.trajectory.stop_reason == StopReason.FINISHED for r in valid) / n,
         "rl/infra_failures": float(len(flat) - len(valid)),
         "rl/monitor_flagged": float(sum(bool(r.monitor_flags) for r in valid)),

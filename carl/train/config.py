@@ -60,8 +60,11 @@ class MicroConfig:
 
     seed: int = 0
     """Seed of the world: its warm-start, RL and held-out repos use disjoint generator seeds."""
-    difficulty: int = 1
-    """1: one-line functions; 2: adds multi-line functions; 3: adds classes."""
+    difficulty: int = 4
+    """1: one-line functions; 2: adds multi-line functions; 3: adds classes (levels 1-3: a docstring states
+    its body); 4: reading the module (constants, sibling functions); 5: reading across modules (a
+    settings module). See carl.micro.generate. The default is 4: at level 1 RL learned to transcribe a
+    docstring into one line; every result in docs/training.md before 2026-12-02 is level 1."""
     warm_start_repos: int = 32
     """Repos whose tasks the expert solves for the warm start (episodes are spread over repos).
     With 3 (9 tasks, 16 episodes) the warm start reached held-out pass@1 0.083 in two runs and
@@ -81,8 +84,10 @@ class MicroConfig:
     """Tasks kept per generated repo (feature-deletion candidates, stub mode)."""
 
     def __post_init__(self) -> None:
-        if self.difficulty not in (1, 2, 3):
-            raise ValueError(f"micro.difficulty: got {self.difficulty}, expected 1, 2 or 3")
+        from carl.micro.generate import LEVELS
+
+        if self.difficulty not in LEVELS:
+            raise ValueError(f"micro.difficulty: got {self.difficulty}, expected one of {LEVELS}")
         for name in ("warm_start_repos", "rl_repos", "eval_repos", "modules_per_repo", "defs_per_module",
                      "max_tasks_per_repo"):
             if getattr(self, name) <= 0:

@@ -46,6 +46,7 @@ from carl.tasks import TaskRecord, load_tasks
 from carl.train.checkpoint import latest_checkpoint
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
+from carl.train.progress import RunProgress
 from carl.train.ranks import init_from_env
 from carl.train.state import RunState
 from carl.train.trainer import Trainer, follow
@@ -53,7 +54,7 @@ from carl.rewards.reward import RewardConfig
 from carl.rollout.orchestrator import Orchestrator
 from carl.rollout.rollout import require_valid, rollout_metrics, run_rollout
 from carl.rollout.workers import EpisodeSpec, RayWorkers, ThreadWorkers
-from carl.train.warm_start import expert_rollouts
+from carl.train.warm_start import expert_rollouts, sft_batches
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
@@ -67,8 +68,16 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     atomic_write_text(run_dir / "git_revision.txt", git_revision(Path(__file__).parent) + "\n")
     log = MetricsLog(run_dir, cfg.tracking)
     seed_everything(cfg.seed)
+    with RunProgress(console) as progress:
+        reports = run_phases(cfg, run_dir, log, progress)
+    print_final_report(console, reports, run_dir)
+    return {name: r["summary"] for name, r in reports.items()}
 
-    task_sets = load_task_sets(cfg, run_dir, console)
+
+def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunProgress) -> dict[str, Any]:
+    """Warm start, RL and the evals, each reporting to `progress`; the eval reports by name."""
+    console = progress.console
+    task_sets = load_task_sets(cfg, run_dir, progress)
     eval_tasks = task_sets["eval"]
     tools = {name: tool for name, tool in default_tools().items() if name in cfg.tools}
     limits = cfg.limits
@@ -90,10 +99,12 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 
     # ---------------------------------------------------------------- warm start
     if state.phase == "warm_start" and cfg.warm_start.episodes > 0:
-        data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, console, log)
+        data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, progress, log)
         trainer.set_lr(cfg.warm_start.lr)
         while state.sft_epoch < cfg.warm_start.epochs:
-            losses = trainer.sft_epoch(data, pad_id, state.sft_epoch)
+            progress.phase(f"warm start epoch {state.sft_epoch + 1}/{cfg.warm_start.epochs}",
+                           sft_batches(data, cfg.warm_start.batch_size), "batches")
+            losses = trainer.sft_epoch(data, pad_id, state.sft_epoch, on_batch=lambda loss: progress.advance())
             state.sft_epoch += 1
             log.log(state.sft_epoch - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
             console.print(f"warm start epoch {state.sft_epoch}/{cfg.warm_start.epochs}: "
@@ -102,7 +113,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 
     # ---------------------------------------------------------------- the engine, then RL and evals
     if state.phase != "done":  # a finished run only prints its report again
-        policy, store = start_engine(cfg, model_path, run_dir, console)
+        policy, store = start_engine(cfg, model_path, run_dir, progress)
         if trainer.lora is not None:  # what a LoRA-loading engine needs next to the adapters' tensors
             trainer.model.peft_config["default"].save_pretrained(str(store.root))
         try:
@@ -110,17 +121,18 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             console.print(f"engine: {cfg.engine.kind} at weights version {state.rl_step} "
                           f"({sync_metrics['sync/bytes'] / 1e6:.1f} MB, {sync_metrics['sync/apply_s']:.2f} s)")
             if state.phase == "warm_start":
-                state.reports["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, tools, console, log, 0)
+                state.reports["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, tools, progress, log, 0)
                 state.phase = "rl"
                 checkpoint(0)
-            if state.phase == "rl":
+            if state.phase == "rl" and cfg.rl.steps > 0:  # rl.steps=0: a warm start alone, evaluated once
                 trainer.set_lr(cfg.rl.lr)
                 if state.rl_step == 0:  # RL starts from fresh Adam moments: the warm start's large second
                     trainer.clear_optimizer_state()  # moments made RL steps ~0.2 x lr (measured); deterministic on resume
-                rl_phase(cfg, state, task_sets["rl"], policy, store, trainer, pad_id, limits, tools, log, console,
+                rl_phase(cfg, state, task_sets["rl"], policy, store, trainer, pad_id, limits, tools, log, progress,
                          checkpoint, run_dir)
-                state.reports["rl"] = run_eval("after RL", policy, cfg, eval_tasks, tools, console, log,
+                state.reports["rl"] = run_eval("after RL", policy, cfg, eval_tasks, tools, progress, log,
                                                step=state.rl_step)
+            if state.phase == "rl":
                 state.phase = "done"
                 checkpoint(state.rl_step)
         finally:
@@ -128,22 +140,31 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     trainer.stop()
 
     log.plot()
-    summary = {name: r["summary"] for name, r in state.reports.items()}
-    atomic_write_json(run_dir / "report.json", summary)
-    print_final_report(console, summary, run_dir)
-    return summary
+    atomic_write_json(run_dir / "report.json", {name: r["summary"] for name, r in state.reports.items()})
+    return state.reports
 
 
 def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], policy: Engine, store: WeightStore,
-             trainer: Trainer, pad_id: int, limits: EpisodeLimits, tools: dict, log: MetricsLog, console: Console,
-             checkpoint, run_dir: Path) -> None:
+             trainer: Trainer, pad_id: int, limits: EpisodeLimits, tools: dict, log: MetricsLog,
+             progress: RunProgress, checkpoint, run_dir: Path) -> None:
     """RL steps until rl.steps (or rl.max_wall_s), rollouts produced ahead by the orchestrator within
     rollout.max_staleness versions (0: synchronous; see carl.rollout.orchestrator)."""
+    if state.rl_step >= cfg.rl.steps or state.rl_out_of_time:  # resumed after its last step: no rollout to start
+        return
+    console = progress.console
     token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
     if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
         console.print(f"KL reference: {trainer.load_reference(run_dir / 'checkpoints' / 'step_000000' / 'model')}")
     workers = make_workers(cfg, policy, rl_tasks, limits, tools)
-    orchestrator = Orchestrator(workers.submit, len(rl_tasks), task_order(len(rl_tasks), cfg.seed),
+    batch = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    progress.phase(f"RL step {state.rl_step + 1}/{cfg.rl.steps}", (cfg.rl.steps - state.rl_step) * batch, "rollouts")
+
+    def submit(task_index: int, sample_index: int, version: int):
+        future = workers.submit(task_index, sample_index, version)
+        future.add_done_callback(lambda f: progress.advance())
+        return future
+
+    orchestrator = Orchestrator(submit, len(rl_tasks), task_order(len(rl_tasks), cfg.seed),
                                 cfg.rollout.group_size, cfg.rollout.tasks_per_step, cfg.rollout.max_staleness,
                                 cfg.rollout.stale, state.task_pos, state.rl_step,
                                 max_extra_batches=cfg.rollout.max_extra_batches).start()
@@ -153,6 +174,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
         while state.rl_step < cfg.rl.steps and not state.rl_out_of_time:
             step, t0 = state.rl_step, time.monotonic()
             taken = orchestrator.take(step)
+            progress.grow((taken.batches - 1) * batch)  # dynamic sampling's extra batches
             groups = [g.rollouts for g in taken.groups]
             require_valid([r for g in groups for r in g], f"RL step {step + 1}")
             t_rollout = time.monotonic() - t0
@@ -173,6 +195,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             best = max((r for g in groups for r in g), key=lambda r: (r.valid, r.reward))
             log.transcript(step + 1, best.task.instance_id, transcript_text(best.trajectory))
             log.plot()
+            progress.describe(f"RL step {min(step + 2, cfg.rl.steps)}/{cfg.rl.steps}")
             console.print(f"RL step {step + 1}/{cfg.rl.steps}: reward {metrics['rl/reward_mean']:.2f} "
                           f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
                           f"loss {metrics['loss/total']:+.4f} ({step_s:.0f}s, waited {taken.wait_s:.0f}s for rollouts)")
@@ -208,7 +231,8 @@ def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], l
 # ---------------------------------------------------------------- helpers
 
 
-def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, console: Console) -> tuple[Engine, WeightStore]:
+def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path,
+                 progress: RunProgress) -> tuple[Engine, WeightStore]:
     """The run's inference engine and the weight store it follows (`<run dir>/engine/`)."""
     engine_dir = run_dir / "engine"
     store = WeightStore(engine_dir / "weights", DTYPES[cfg.model.dtype],
@@ -219,12 +243,13 @@ def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, console: Con
         return HFEngine(sampler_config(cfg, model_path, cfg.rollout.temperature), recorder, store.root), store
     from carl.engine.vllm import VLLMEngine
 
-    with console.status("starting the vLLM engine (first use builds its environment: a few minutes)"):
-        engine = VLLMEngine(model_path, store.root, cfg.engine, engine_dir,
-                            max_model_len=cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
-                            seed=cfg.seed, sampling=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p),
-                            dtype=cfg.model.dtype, record_routes=recorder is not None,
-                            lora_rank=cfg.model.lora_rank, log=console.print)
+    progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine")
+    engine = VLLMEngine(model_path, store.root, cfg.engine, engine_dir,
+                        max_model_len=cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
+                        seed=cfg.seed, sampling=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p),
+                        dtype=cfg.model.dtype, record_routes=recorder is not None,
+                        lora_rank=cfg.model.lora_rank, log=progress.console.print)
+    progress.advance()
     return engine, store
 
 
@@ -237,7 +262,7 @@ def sync_weights(store: WeightStore, engine: Engine, trainer: Trainer, version: 
     return metrics
 
 
-def load_task_sets(cfg: TrainConfig, run_dir: Path, console: Console) -> dict[str, list[TaskRecord]]:
+def load_task_sets(cfg: TrainConfig, run_dir: Path, progress: RunProgress) -> dict[str, list[TaskRecord]]:
     """{"warm_start": ..., "rl": ..., "eval": ...}: from JSONL files, or the micro world."""
     from carl.config import ConfigError
 
@@ -252,25 +277,26 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, console: Console) -> dict[st
     from carl.micro.world import build_micro_tasks
 
     m = cfg.micro
-    with console.status("building micro-world tasks (generated repos -> feature deletion -> validation)"):
-        world = build_micro_tasks(run_dir / "micro", m.seed, m.difficulty,
-                                  {"warm_start": m.warm_start_repos, "rl": m.rl_repos, "eval": m.eval_repos},
-                                  m.modules_per_repo, m.defs_per_module, m.max_tasks_per_repo,
-                                  backend=cfg.sandbox.backend,
-                                  progress=lambda split, s, r: console.print(
-                                      f"  micro {split} repo {s}: {r.n_tasks} tasks ({r.wall_s:.0f}s)"))
-    console.print(f"micro world: {len(world['warm_start'])} warm-start, {len(world['rl'])} RL and "
-                  f"{len(world['eval'])} held-out tasks")
+    repos = {"warm_start": m.warm_start_repos, "rl": m.rl_repos, "eval": m.eval_repos}
+    progress.phase("micro world (generated repos -> feature deletion -> validation)", sum(repos.values()), "repos")
+    world = build_micro_tasks(run_dir / "micro", m.seed, m.difficulty, repos, m.modules_per_repo, m.defs_per_module,
+                              m.max_tasks_per_repo, backend=cfg.sandbox.backend,
+                              progress=lambda split, s, r: progress.advance())
+    progress.end()
+    progress.console.print(f"micro world (level {m.difficulty}): {len(world['warm_start'])} warm-start, "
+                           f"{len(world['rl'])} RL and {len(world['eval'])} held-out tasks")
     return world
 
 
-def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, console, log):
+def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, progress, log):
     ws = cfg.warm_start
     mistakes = ExpertMistakes(bad_call=ws.bad_call, wrong_edit=ws.wrong_edit, skip_read=ws.skip_read)
-    with console.status(f"collecting {ws.episodes} expert episodes"):
-        data = expert_rollouts(warm_tasks, tokenizer, ws.episodes, mistakes, limits, tools, cfg.sandbox, cfg.seed)
+    progress.phase("expert episodes (warm-start data)", ws.episodes, "episodes")
+    data = expert_rollouts(warm_tasks, tokenizer, ws.episodes, mistakes, limits, tools, cfg.sandbox, cfg.seed,
+                           on_done=lambda r: progress.advance())
+    progress.end()
     ok = [r for r in data if r.valid and r.passed]
-    console.print(f"expert: {len(ok)}/{len(data)} episodes solved "
+    progress.console.print(f"expert: {len(ok)}/{len(data)} episodes solved "
                   f"({sum(r.trajectory.num_generated_tokens for r in ok)} generated tokens)")
     if not ok:
         raise RuntimeError("no expert episode reached reward 1: the tasks or the harness are broken; "
@@ -279,12 +305,15 @@ def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, console,
     return ok
 
 
-def run_eval(name: str, policy: Engine, cfg: TrainConfig, tasks, tools, console, log, step: int) -> dict:
-    limits = eval_limits(cfg)
-    status = f"evaluating {name} on {len(tasks)} held-out tasks x {cfg.eval.samples_per_task}"
-    with console.status(status), policy.sampling(cfg.eval.temperature):
+def run_eval(name: str, policy: Engine, cfg: TrainConfig, tasks, tools, progress, log, step: int) -> dict:
+    limits, console = eval_limits(cfg), progress.console
+    progress.phase(f"eval {name} ({len(tasks)} held-out tasks x {cfg.eval.samples_per_task})",
+                   len(tasks) * cfg.eval.samples_per_task, "episodes")
+    with policy.sampling(cfg.eval.temperature):
         report, rollouts = evaluate(name, policy, tasks, cfg.eval.samples_per_task, limits, tools,
-                                    cfg.sandbox, max_workers=cfg.rollout.concurrency)
+                                    cfg.sandbox, max_workers=cfg.rollout.concurrency,
+                                    on_sample=lambda t, j, r: progress.advance())
+    progress.end()
     for i, r in enumerate(rollouts):  # every held-out episode, to read what the checkpoint gets wrong
         verdict = "pass" if r.passed else ("infra" if not r.valid else "fail")
         log.transcript(step, f"eval_{i:03d}_{verdict}_{r.task.instance_id}",
@@ -299,7 +328,8 @@ def run_eval(name: str, policy: Engine, cfg: TrainConfig, tasks, tools, console,
     return result
 
 
-def print_final_report(console: Console, summary: dict[str, dict], run_dir: Path) -> None:
+def print_final_report(console: Console, reports: dict[str, dict], run_dir: Path) -> None:
+    """The table of the evals, then RL - warm start as a paired difference with its standard error."""
     from rich.table import Table
 
     from carl.eval.report import add_columns
@@ -308,12 +338,33 @@ def print_final_report(console: Console, summary: dict[str, dict], run_dir: Path
     cols = ["checkpoint", "pass@1", "pass@k", "tokens", "calls", "done", "wall s"]
     add_columns(table, cols, "checkpoint")
     table.caption = "per task: tokens, tool calls, wall s; done: fraction of samples that called finish"
-    for name, s in summary.items():
+    for name, r in reports.items():
+        s = r["summary"]
         k = s["k"]
-        table.add_row(name, f"{s['pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['tokens_per_task']:.0f}",
+        table.add_row(s.get("name", name), f"{s['pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['tokens_per_task']:.0f}",
                       f"{s['tool_calls_per_task']:.1f}", _rate(s.get("finish_rate")), f"{s['wall_s_per_task']:.1f}")
     console.print(table)
+    if "warm_start" in reports and "rl" in reports:
+        console.print(rl_gain_lines(reports["warm_start"], reports["rl"]), highlight=False)
     console.print(f"run directory: {run_dir} (config.toml, metrics.jsonl, plots/, transcripts/, checkpoints/)")
+
+
+def rl_gain_lines(warm: dict, rl: dict) -> str:
+    """RL - warm start on the held-out tasks: the paired difference, its standard error over tasks, the
+    smallest gain this eval resolves (2 standard errors), and the verdict in words."""
+    from carl.eval.paired import in_words, over_tasks, paired_difference
+
+    try:
+        d = paired_difference(warm, rl)
+    except ValueError as e:  # reports from before per-sample outcomes were recorded
+        return f"RL - warm start: not compared ({e})"
+    t = over_tasks(d)
+    return (f"RL - warm start on {d.tasks} held-out tasks x {d.pairs / d.tasks:.1f} samples: {d.diff:+.3f} "
+            f"± {t.se_paired:.3f} (standard error over tasks; the samples' luck alone ± {d.se_paired:.3f}); "
+            f"tasks better/worse {d.tasks_better}/{d.tasks_worse}.\n"
+            f"Verdict: {in_words(d.diff, t.se_paired, 'RL', 'the warm start')}. "
+            f"This eval resolves gains of about {2 * t.se_paired:.2f} or more (2 standard errors); "
+            "benchmarks/learning.py measures over seeds.")
 
 
 def _rate(x: float | None) -> str:

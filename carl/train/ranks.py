@@ -13,9 +13,10 @@ with the communication skipped.
 
 Sharding: `fully_shard` on every transformer block, then the root, over one 1-D mesh of all
 ranks; MoE models use the dual-mesh HSDP of carl.systems.meshes instead (`shard_model(...,
-dual=DualMeshConfig(...))`). Not covered on N > 1 ranks yet: self-distillation and the KL
-penalty (their teacher and reference forwards would run a different number of collectives per
-rank); `rl_step` refuses them.
+dual=DualMeshConfig(...))`). Self-distillation and the KL penalty run on N ranks too: every rank
+runs the same sharded forwards in one order per micro-batch (policy, reference, teacher), and a
+rank with no teacher turn or no micro-batch runs an empty one (`idle_forward`), so the ranks'
+all-gathers pair up.
 """
 
 from __future__ import annotations

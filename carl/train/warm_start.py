@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,11 +30,11 @@ from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 
 def expert_rollouts(tasks: list[TaskRecord], tokenizer: Any, num_episodes: int, mistakes: ExpertMistakes,
                     limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig,
-                    seed: int) -> list[Rollout]:
+                    seed: int, on_done: Callable[[Rollout], None] = lambda r: None) -> list[Rollout]:
     spread = round_robin_by_repo(tasks)
     chosen = [spread[i % len(spread)] for i in range(num_episodes)]
     groups = collect_groups(lambda t, j: expert_token_policy(tokenizer, chosen[t], mistakes, seed=seed * 7919 + t),
-                            chosen, 1, limits, tools, sandbox)
+                            chosen, 1, limits, tools, sandbox, on_done=on_done)
     return [g[0] for g in groups]
 
 
@@ -56,13 +57,23 @@ def sft_loss(logprobs_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> tuple[torch.
     return loss, {"nll": float(loss.detach()), "num_tokens": float(maskf.sum())}
 
 
+def sft_sequences(rollouts: list[Rollout]) -> list[TrainSequence]:
+    """The supervised sequences of the successful rollouts: their segments with generated tokens."""
+    return [TrainSequence(s.token_ids_T, s.generated_mask_T, s.logprobs_T, 0.0)
+            for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if any(s.generated_mask_T)]
+
+
+def sft_batches(rollouts: list[Rollout], batch_size: int) -> int:
+    """Batches of one `sft_epoch` over `rollouts`."""
+    return -(-len(sft_sequences(rollouts)) // batch_size)
+
+
 def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, batch_size: int,
               micro_batch_tokens: int, grad_clip: float, rng: random.Random, on_batch=None,
               compute_dtype: torch.dtype | None = None, ranks: Ranks = Ranks()) -> list[float]:
     """One pass over the successful rollouts' segments in random order; returns the batch losses.
     On N `ranks` each trains its share of every batch's micro-batches (carl.train.ranks)."""
-    seqs = [TrainSequence(s.token_ids_T, s.generated_mask_T, s.logprobs_T, 0.0)
-            for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if any(s.generated_mask_T)]
+    seqs = sft_sequences(rollouts)
     rng.shuffle(seqs)
     losses = []
     model.train()
