@@ -152,6 +152,18 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """A command's `[CONFIG.toml] [a.b=value ...]`: the config file (None when the first argument
+    is already an override) and the overrides."""
+    overrides = list(args)
+    if not overrides or "=" in overrides[0]:
+        return None, overrides
+    path = overrides.pop(0)
+    if not Path(path).is_file():
+        raise ConfigError(f"config file {path!r} does not exist (expected a TOML file or KEY=VALUE overrides)")
+    return path, overrides
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     data: dict[str, Any] = {}
     if path is not None:

@@ -107,7 +107,6 @@ def grade(args: argparse.Namespace) -> int:
     from carl.errors import UserError
     from carl.eval.grade import GradeConfig, check_known, grade_all, load_partial, load_predictions
     from carl.eval.grade_report import build_grade_report, render_grade_table
-    from carl.io import atomic_write_json
     from carl.sandbox.base import SandboxConfig
 
     if args.workers < 1:
@@ -135,14 +134,23 @@ def grade(args: argparse.Namespace) -> int:
     report = build_grade_report(name, tasks, results, strata=strata, extra={
         **where, "predictions_file": str(args.predictions), "sandbox": args.sandbox,
         "monitor_action": config.monitor.action, "graded_now": todo, "wall_s": time.monotonic() - t0})
-    console.print(render_grade_table(report))
-    atomic_write_json(args.out, report)
-    console.print(f"report written to {args.out}")
+    return _write_result(console, render_grade_table(report), report, args.out, args.fail_below,
+                         "no task was scored: every grade failed in the infrastructure (see the reasons in "
+                         f"{args.out}); rerun to grade them again")
+
+
+def _write_result(console, table, report: dict, out: str, fail_below, none_scored: str) -> int:
+    """Show a result's table, write its JSON atomically, and exit as a CI gate would: 1 when nothing
+    was scored (`none_scored` says why), else `_gate` against --fail-below."""
+    from carl.io import atomic_write_json
+
+    console.print(table)
+    atomic_write_json(out, report)
+    console.print(f"results written to {out}")
     if report["summary"]["n"] == 0:
-        print("carl: no task was scored: every grade failed in the infrastructure (see the reasons in "
-              f"{args.out}); rerun to grade them again", file=sys.stderr)
+        print(f"carl: {none_scored}", file=sys.stderr)
         return 1
-    return _gate(report, args.fail_below)
+    return _gate(report, fail_below)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from carl.eval.bench_run import build_run_report, load_partial_samples, render_run_table, run_key
     from carl.eval.cli import agent_setup, load_policy
     from carl.eval.suite import open_suite
-    from carl.io import append_jsonl, atomic_write_json
+    from carl.io import append_jsonl
     from carl.types import to_jsonable
 
     setup = agent_setup(args)
@@ -201,14 +209,9 @@ def run(args: argparse.Namespace) -> int:
              "workers": workers, "run_key": key, "sampled_now": len(new), "wall_s": time.monotonic() - t0}
     report = build_run_report(args.name or setup.name, suite.tasks, [*done.values(), *new], setup.samples,
                               suite.config.strata, price, extra)
-    console.print(render_run_table(report))
-    atomic_write_json(args.out, report)
-    console.print(f"results written to {args.out}")
-    if report["summary"]["n"] == 0:
-        print("carl: no sample was scored: every episode failed in the infrastructure (see infra_errors in "
-              f"{args.out}); rerun to run them again", file=sys.stderr)
-        return 1
-    return _gate(report, args.fail_below)
+    return _write_result(console, render_run_table(report), report, args.out, args.fail_below,
+                         "no sample was scored: every episode failed in the infrastructure (see infra_errors in "
+                         f"{args.out}); rerun to run them again")
 
 
 def report(args: argparse.Namespace) -> int:

@@ -20,18 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from carl.config import ConfigError, load_config
-    from carl.errors import UserError
+    from carl.config import ConfigError, load_config, split_config_args
     from carl.midtrain.config import MidtrainConfig
 
-    config_path = None
-    overrides = list(args.args)
-    if overrides and "=" not in overrides[0]:
-        config_path = overrides.pop(0)
-        if not Path(config_path).is_file():
-            raise UserError(f"config file {config_path!r} does not exist (expected a TOML file or KEY=VALUE overrides)")
+    config_path, overrides = split_config_args(args.args)
     try:
         cfg = load_config(MidtrainConfig, config_path, overrides)
     except ValueError as e:  # a component's own validation (frozen dataclass __post_init__)

@@ -22,15 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from carl.config import split_config_args
     from carl.errors import UserError
     from carl.train.loop import train
 
-    config_path = None
-    overrides = list(args.args)
-    if overrides and "=" not in overrides[0]:
-        config_path = overrides.pop(0)
-        if not Path(config_path).is_file():
-            raise UserError(f"config file {config_path!r} does not exist (expected a TOML file or KEY=VALUE overrides)")
+    config_path, overrides = split_config_args(args.args)
     cfg = _load(config_path, overrides)
     run_dir = Path(cfg.run_dir)
     if args.branch_from:

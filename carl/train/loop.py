@@ -363,8 +363,9 @@ def rl_gain_lines(warm: dict, rl: dict) -> str:
             f"± {t.se_paired:.3f} (standard error over tasks; the samples' luck alone ± {d.se_paired:.3f}); "
             f"tasks better/worse {d.tasks_better}/{d.tasks_worse}.\n"
             f"Verdict: {in_words(d.diff, t.se_paired, 'RL', 'the warm start')}. "
-            f"This eval resolves gains of about {2 * t.se_paired:.2f} or more (2 standard errors); "
-            "benchmarks/learning.py measures over seeds.")
+            + (f"This eval resolves gains of about {2 * t.se_paired:.2f} or more (2 standard errors); "
+               if t.se_paired > 0 else "With no spread over tasks this eval cannot size the gains it resolves; ")
+            + "benchmarks/learning.py measures over seeds.")
 
 
 def _rate(x: float | None) -> str:
