@@ -58,6 +58,7 @@ def test_compare_cli_prints_the_difference_and_names_a_bad_report(tmp_path, caps
     out = capsys.readouterr().out
     assert "0.500 -> 0.750: +0.250 ± 0.250" in out and "1 tasks better, 0 worse; 3 episodes identical" in out
     assert "2/4" in out and "3/4" in out  # the changed task's row
+    assert "over tasks" in out and "+0.250 ± 0.000; B differs from A by +0.250 with no spread" in out  # one task
     (tmp_path / "bad.json").write_text("[1, 2]")
     assert main(["compare", str(a), str(tmp_path / "bad.json")]) != 0
     assert "b: " in capsys.readouterr().err

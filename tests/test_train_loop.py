@@ -168,8 +168,14 @@ def test_bad_concurrency_or_wall_budget_is_a_config_error_naming_the_field(overr
 
 def test_async_rl_with_staleness_1_trains_within_the_bound_and_logs_it(tmp_path, one_task):
     torch.set_num_threads(1)
+    import io
+    import re
+
     cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.max_staleness=1", "rollout.max_extra_batches=0")
-    train(cfg, Console(quiet=True))
+    out = io.StringIO()
+    train(cfg, Console(file=out, width=200))
+    counts = [tuple(map(int, m)) for m in re.findall(r"\[progress\] RL step \d/3: (\d+)/(\d+) rollouts", out.getvalue())]
+    assert counts and all(done <= total for done, total in counts), counts  # rollouts run ahead grow the total
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if "rl/reward_mean" in r]
     assert [r["step"] for r in rl] == [1, 2, 3]

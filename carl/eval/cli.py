@@ -61,7 +61,7 @@ def compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from carl.errors import UserError
-    from carl.eval.paired import paired_difference
+    from carl.eval.paired import in_words, over_tasks, paired_difference
 
     reports = []
     for name, path in (("a", args.a), ("b", args.b)):
@@ -88,6 +88,9 @@ def compare(args: argparse.Namespace) -> int:
           f"error; {d.se_independent:.3f} had the evals drawn independent random numbers) over {d.tasks} "
           f"tasks and {d.pairs} paired samples; {d.tasks_better} tasks better, {d.tasks_worse} worse; "
           f"{d.identical} episodes identical, {d.agree} with the same outcome")
+    t = over_tasks(d)
+    print(f"over tasks (which tasks were drawn counts too, as for a claim about held-out tasks of their kind): "
+          f"{d.diff:+.3f} ± {t.se_paired:.3f}; {in_words(d.diff, t.se_paired)}")
     return 0
 
 

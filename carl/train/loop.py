@@ -19,6 +19,7 @@ the policy of version s. The async pipeline keeps this loop and produces rollout
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import replace
@@ -156,10 +157,13 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
         console.print(f"KL reference: {trainer.load_reference(run_dir / 'checkpoints' / 'step_000000' / 'model')}")
     workers = make_workers(cfg, policy, rl_tasks, limits, tools)
-    batch = cfg.rollout.tasks_per_step * cfg.rollout.group_size
-    progress.phase(f"RL step {state.rl_step + 1}/{cfg.rl.steps}", (cfg.rl.steps - state.rl_step) * batch, "rollouts")
+    planned = (cfg.rl.steps - state.rl_step) * cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    progress.phase(f"RL step {state.rl_step + 1}/{cfg.rl.steps}", planned, "rollouts")
+    submitted = itertools.count(1)
 
     def submit(task_index: int, sample_index: int, version: int):
+        if next(submitted) > planned:  # dynamic sampling's extra batches, or rollouts ahead of the last step
+            progress.grow(1)
         future = workers.submit(task_index, sample_index, version)
         future.add_done_callback(lambda f: progress.advance())
         return future
@@ -174,7 +178,6 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
         while state.rl_step < cfg.rl.steps and not state.rl_out_of_time:
             step, t0 = state.rl_step, time.monotonic()
             taken = orchestrator.take(step)
-            progress.grow((taken.batches - 1) * batch)  # dynamic sampling's extra batches
             groups = [g.rollouts for g in taken.groups]
             require_valid([r for g in groups for r in g], f"RL step {step + 1}")
             t_rollout = time.monotonic() - t0
