@@ -214,8 +214,11 @@ def load_policy(args: argparse.Namespace, run: Any = None) -> Any:
     if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
         raise UserError(f"--checkpoint: {args.checkpoint!r} holds no model (expected config.json, or a LoRA "
                         "adapter's adapter_config.json, in it or in model/)")
+    from transformers.utils import logging as hf_logging
+
     from carl.engine.hf import HFEngine, HFEngineConfig
 
+    hf_logging.disable_progress_bar()  # a bar per weights load fills logs; the command's own progress says more
     if run is None:
         return HFEngine(HFEngineConfig(path=str(path), temperature=args.temperature, seed=args.seed))
     from carl.train.loop import sampler_config
