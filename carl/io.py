@@ -12,20 +12,29 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes, mode: int | None = None) -> None:
+    """Replace `path` with `data` atomically. The file gets `mode` when given, else the mode of the
+    file it replaces (an executable script stays executable), else what `open()` would give a new
+    file (0o666 less the umask), not the 0o600 of the temp file it is written to."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        mode = _existing_mode(path)
+    if mode is None:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -34,8 +43,31 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def _existing_mode(path: Path) -> int | None:
+    try:
+        st = os.stat(path)  # the target's mode, through a symlink as open() would write it
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (/proc, 4.7+); elsewhere
+    set and put straight back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_text(path: str | Path, text: str, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode(), mode)
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:

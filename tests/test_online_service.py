@@ -4,6 +4,7 @@ holds every session token-exact. Security: no token, a wrong token, another user
 workspace names that try to leave the user's folder: each refused, none reaching a sandbox or
 the store. Hot weight swaps while requests run drop none of them."""
 
+import os
 import socket
 import threading
 import time
@@ -239,3 +240,20 @@ def test_edits_are_applied_inside_the_session_copy_only(tmp_path):
     assert (root / "ok" / "new.txt").read_bytes() == b"x"
     assert list(outside.iterdir()) == [] and not (tmp_path / "escape.txt").exists() and not (tmp_path / "b.txt").exists()
     assert not (root / "made_link").exists()
+
+
+def test_edits_keep_the_mode_of_the_file_they_change(tmp_path):
+    from carl.online.workspaces import apply_changes
+    from carl.rewards.diff import FileChange, WorkspaceDiff
+
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho old\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    changes = WorkspaceDiff(changes=(FileChange("run.sh", "modified", b"#!/bin/sh\necho old\n", b"#!/bin/sh\necho new\n"),
+                                     FileChange("new.py", "added", None, b"x = 1\n")))
+    old_umask = os.umask(0o022)
+    try:
+        assert apply_changes(tmp_path, changes) == []
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "run.sh").stat().st_mode & 0o777 == 0o755  # still executable after the edit
+    assert (tmp_path / "new.py").stat().st_mode & 0o777 == 0o644  # what the user's checkout would give it

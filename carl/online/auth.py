@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -88,6 +87,5 @@ def add_user(path: str | Path, name: str, admin: bool = False) -> str:
         raise ValueError(f"user {name!r} is already in {path}; remove its line to replace its token")
     token = secrets.token_urlsafe(32)
     line = f"{name} {token_hash(token)}{' admin' if admin else ''}\n"
-    atomic_write_text(path, text + ("" if text.endswith("\n") else "\n") + line)
-    os.chmod(path, 0o600)
+    atomic_write_text(path, text + ("" if text.endswith("\n") else "\n") + line, mode=0o600)
     return token
