@@ -139,3 +139,37 @@ def test_list_scripts_answer_summary_requests_without_losing_their_place(tok):
         assert traj.stop_reason == StopReason.FINISHED and len(traj.segments) == 4, type(policy)
         assert [t.assistant for t in traj.turns if not t.is_summary] == LIST_SCRIPT
         assert [t.assistant for t in traj.turns if t.is_summary] == [scripted_summary(n) for n in (3, 6, 9)]
+
+
+@pytest.mark.parametrize("token_level", [False, True])
+def test_truncating_context_resets_without_a_summary_and_keeps_the_last_turn(tok, token_level):
+    from carl.harness.prompts import truncated_prompt
+
+    tools = file_tools()
+    if token_level:
+        prompt = len(tok.encode(render_chat(tok, first_messages(tools), False), add_special_tokens=False))
+    else:
+        prompt = sum(approx_tokens(m.content) for m in first_messages(tools))
+    limits = dataclasses.replace(limits_for(prompt), context_strategy="truncate")
+    policy = ScriptedTokenPolicy(tok, LIST_SCRIPT) if token_level else ScriptedChatPolicy(LIST_SCRIPT)
+    traj = run_episode(policy, FakeSandbox(FILES), TASK, limits, tools=tools)
+    assert traj.stop_reason == StopReason.FINISHED, traj.error
+    assert not any(t.is_summary for t in traj.turns)  # no summary is asked for
+    assert [t.assistant for t in traj.turns] == LIST_SCRIPT
+    resets = len(traj.segments) - 1
+    assert resets >= 1 and traj.metadata == {"num_summaries": 0, "num_truncations": resets}
+    for prev, seg in zip(traj.segments, traj.segments[1:]):
+        assert seg.messages[1] == Message("user", truncated_prompt(TASK.problem_statement))
+        assert seg.messages[2:4] == prev.messages[-2:]  # the last turn: its reply and its tool output
+        assert [m.role for m in seg.messages[2:4]] == ["assistant", "tool"]
+    if token_level:
+        for k, seg in enumerate(traj.segments):  # token-exact; the kept reply is prompt text, not sampled
+            assert seg.token_ids_T == tok.encode(render_chat(tok, seg.messages, False), add_special_tokens=False)
+            sampled = [m for m in seg.messages[2 if k == 0 else 4:] if m.role == "assistant"]
+            ids = [i for m in sampled for i in tok.encode(m.content, add_special_tokens=False) + [tok.eos_token_id]]
+            assert [t for t, g in zip(seg.token_ids_T, seg.generated_mask_T) if g] == ids
+
+
+def test_unknown_context_strategy_is_refused():
+    with pytest.raises(ValueError, match="limits.context_strategy"):
+        EpisodeLimits(context_strategy="drop")

@@ -193,3 +193,32 @@ def test_a_group_has_signal_only_when_its_valid_rewards_differ():
     masked = _group([1.0, 0.0])
     masked[1] = dataclasses.replace(masked[1], valid=False)  # an infrastructure failure is not a 0
     assert not has_signal(masked)
+
+
+def _summarized_rollout(reward):
+    """Two segments: the first has a reply, a tool output and then a self-summary (its last reply)."""
+    from carl.types import Turn
+
+    seg0 = [False] * 6 + [True] * 4 + [False] * 3 + [True] * 5  # reply, observation + request, summary
+    seg1 = [False] * 8 + [True] * 4 + [False] * 2  # resumed prompt, reply, observation
+    r = token_rollout(list(range(3, 3 + len(seg0))), seg0, reward)
+    r.trajectory.segments.append(token_rollout(list(range(40, 40 + len(seg1))), seg1, reward).trajectory.segments[0])
+    r.trajectory.turns = [Turn("a", segment=0), Turn("summary", segment=0, is_summary=True), Turn("b", segment=1)]
+    return r
+
+
+def test_train_summaries_off_masks_only_the_summary_reply(tiny_dir):
+    from carl.train.step import without_last_reply
+
+    assert without_last_reply([False, True, True, False, True, True, False]) == [False, True, True] + [False] * 4
+    assert without_last_reply([False, False]) == [False, False]
+    group = [_summarized_rollout(1.0), _summarized_rollout(0.0)]
+    tok = tiny_tokenizer()
+    on = build_sequences([group], GRPO_ONLY, tok, TOOLS)
+    off = build_sequences([group], dataclasses.replace(GRPO_ONLY, train_summaries=False), tok, TOOLS)
+    assert [sum(s.generated_mask_T) for s in on] == [9, 4, 9, 4]
+    assert [sum(s.generated_mask_T) for s in off] == [4, 4, 4, 4]  # the 5 summary tokens left out
+    assert off[0].generated_mask_T[:10] == on[0].generated_mask_T[:10]  # the reply before it still trains
+    m_on, _ = _deltas(tiny_dir, [group])
+    m_off, _ = _deltas(tiny_dir, [group], cfg=dataclasses.replace(GRPO_ONLY, train_summaries=False))
+    assert m_on["grpo/num_tokens"] - m_off["grpo/num_tokens"] == 10

@@ -144,6 +144,7 @@ def to_sample(r: Rollout, sample: int = 0) -> Sample:
         input_tokens=usage["input_tokens"],
         tokens_counted=bool(usage["counted"]),
         monitor_flags=list(r.monitor_flags),
+        context_resets=t.metadata.get("num_summaries", 0) + t.metadata.get("num_truncations", 0),
     )
 
 

@@ -45,6 +45,7 @@ class Sample:
     input_tokens: int = 0  # the tokens its generations were prompted with, summed (carl.eval.bench)
     tokens_counted: bool = True  # False: a chat endpoint that reported no token counts (both are 0)
     monitor_flags: list[str] = field(default_factory=list)  # kinds of the monitor's flags
+    context_resets: int = 0  # self-summaries or truncations of its context (carl.harness.agent)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class TaskReport:
     mean_input_tokens: float = 0.0  # tokens prompted per sample (mean_tokens: generated per sample)
     tokens_counted: bool = True  # every scored sample's tokens were counted
     monitor_flags: dict[str, int] = field(default_factory=dict)  # flag kind -> scored samples flagged
+    mean_context_resets: float = 0.0  # context resets (summaries or truncations) per scored sample
 
 
 @dataclass
@@ -101,6 +103,7 @@ class BenchReport:
             "tool_calls_per_task": mean("mean_tool_calls"),
             "wall_s_per_task": mean("mean_wall_s"),
             "finish_rate": mean("finish_rate"),
+            "context_resets_per_task": mean("mean_context_resets"),
             "infra_failures": sum(t.infra_failures for t in self.tasks),
             "stop_reasons": dict(sum((Counter(t.stop_reasons) for t in self.tasks), Counter())),
             "infra_errors": self.infra_errors(),
@@ -144,6 +147,7 @@ def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
                 mean_input_tokens=_mean([s.input_tokens for s in ok]),
                 tokens_counted=all(s.tokens_counted for s in ok),
                 monitor_flags=dict(Counter(f for s in ok for f in s.monitor_flags)),
+                mean_context_resets=_mean([s.context_resets for s in ok]),
             )
         )
     return report

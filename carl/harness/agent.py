@@ -4,7 +4,8 @@
          ^                                                                          │
          └──────────── one tool message: results in call order (or a notice) <──────┘
     context past summarize_at_fraction * budget: ask for a summary, start a new segment
-    from system + task + summary, go on.
+    from system + task + summary, go on (or, context_strategy "truncate": no summary, the new
+    segment starts from system + task + the last turn).
 
 Production and RL rollouts run this same function. Control flow is exceptions (as in
 mini-swe-agent): any limit, the finish tool, or an infrastructure failure raises `_Stop`, which
@@ -39,12 +40,16 @@ from carl.harness.prompts import (
     resume_prompt,
     system_prompt,
     task_prompt,
+    truncated_prompt,
 )
 from carl.harness.protocol import parse_calls, render_results, tools_prompt
 from carl.harness.tools import default_tools
 from carl.harness.tools.base import Tool
 from carl.sandbox.base import Sandbox
 from carl.types import Message, StopReason, ToolCall, ToolError, Trajectory, Turn
+
+
+CONTEXT_STRATEGIES = ("summarize", "truncate")
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,10 @@ class EpisodeLimits:
     """Ask for a self-summary once a segment's context passes this fraction of the budget."""
     max_summaries: int = 8
     """Most self-summaries (context resets) in an episode; after that a full context ends it."""
+    context_strategy: str = "summarize"
+    """What a context reset keeps: "summarize" (the model writes a summary, the new segment starts
+    from the task and it) or "truncate" (no summary: the new segment starts from the task, a notice
+    and the last turn; the baseline a summary must beat). Resets count against `max_summaries`."""
     stop_on_no_call: bool = False
     """End the episode (NO_TOOL_CALL) when a reply has no tool call, instead of sending a notice.
     Production chat use ends the agent's turn this way; RL rollouts keep the notice."""
@@ -79,6 +88,9 @@ class EpisodeLimits:
                 raise ValueError(f"limits.{name}: got {getattr(self, name)!r}, expected a positive number")
         if not 0.0 < self.summarize_at_fraction <= 1.0:
             raise ValueError(f"limits.summarize_at_fraction: got {self.summarize_at_fraction!r}, expected in (0, 1]")
+        if self.context_strategy not in CONTEXT_STRATEGIES:
+            raise ValueError(f"limits.context_strategy: got {self.context_strategy!r}, expected one of "
+                             f"{CONTEXT_STRATEGIES}")
         if self.max_summaries < 0:
             raise ValueError(f"limits.max_summaries: got {self.max_summaries!r}, expected >= 0")
         if self.max_repeat_tokens != 0 and self.max_repeat_tokens < 4:
@@ -143,6 +155,13 @@ def run_episode(
 
             if (ctx.num_tokens >= limits.summarize_at_fraction * limits.context_budget_tokens
                     and num_summaries < limits.max_summaries and turns_in_segment > 0):
+                if limits.context_strategy == "truncate":
+                    with _infra_failure(StopReason.POLICY_ERROR):
+                        last_turn = ctx.segment.messages[-2:]  # its reply and what the tools returned
+                        resumed = Message("user", truncated_prompt(task.problem_statement))
+                        traj.segments.append(ctx.start([system, resumed, *last_turn]))
+                    num_summaries, turns_in_segment = num_summaries + 1, 0
+                    continue
                 with _infra_failure(StopReason.POLICY_ERROR):
                     ctx.add(Message("user", SUMMARY_REQUEST))
                     summary = ctx.generate(limits.max_new_tokens, limits.context_budget_tokens,
@@ -184,7 +203,9 @@ def run_episode(
     except _Stop as stop:
         traj.stop_reason, traj.error = stop.reason, stop.error
     traj.wall_s = time.monotonic() - start
-    traj.metadata["num_summaries"] = num_summaries
+    truncating = limits.context_strategy == "truncate"  # the same count of context resets, by kind
+    traj.metadata["num_summaries"] = 0 if truncating else num_summaries
+    traj.metadata["num_truncations"] = num_summaries if truncating else 0
     return traj
 
 

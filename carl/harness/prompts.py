@@ -45,3 +45,13 @@ def resume_prompt(problem_statement: str, summary: str) -> str:
         f"<summary>\n{summary.strip()}\n</summary>\n"
         "Continue from where you left off."
     )
+
+
+def truncated_prompt(problem_statement: str) -> str:
+    """The first user message of a segment that a truncating context (no summary) started: the task,
+    and a notice that earlier turns were dropped (the last turn follows it)."""
+    return (
+        f"{task_prompt(problem_statement)}\n\n"
+        "You already worked on this task; your context was full, so your earlier turns were dropped. "
+        "Your last turn follows. Continue from where you left off."
+    )

@@ -15,6 +15,7 @@ It implements the ChatPolicy protocol (text in, text out), one instance per epis
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass
@@ -85,13 +86,27 @@ def patch_edits(patch: str) -> list[Edit]:
 
 
 SUMMARY = "Summary: I am restoring the deleted code from its docstring and the failing tests."
+"""The summary of `ExpertPolicy(summary="fixed")`: the expert's only summary before 2026-12-02. It
+says nothing the next segment can use, so warm-start data taught the model to write the restored
+code right after a context reset that had dropped the constants it reads (at the CPU default's
+2,048-token budget every expert episode of levels 4-5 resets at least once, after reading the file)."""
+
+SUMMARIES = ("notes", "fixed")
 
 
 class ExpertPolicy:
-    """Replays a plan of assistant messages computed from the task's gold patch (a ChatPolicy)."""
+    """Replays a plan of assistant messages computed from the task's gold patch (a ChatPolicy).
 
-    def __init__(self, task, mistakes: ExpertMistakes = ExpertMistakes(), seed: int = 0):
-        self.plan = plan_messages(task, mistakes, random.Random(f"expert-{task.instance_id}-{seed}"))
+    Asked for a self-summary, it writes what the next segment needs to go on (`summary="notes"`,
+    `expert_summary`): the exact text to replace, the definitions the restored code reads from the
+    files it has read so far, the next steps. `summary="fixed"` gives the old fixed sentence."""
+
+    def __init__(self, task, mistakes: ExpertMistakes = ExpertMistakes(), seed: int = 0, summary: str = "notes"):
+        if summary not in SUMMARIES:
+            raise ValueError(f"summary: got {summary!r}, expected one of {SUMMARIES}")
+        rng = random.Random(f"expert-{task.instance_id}-{seed}")
+        self.plan = plan_messages(task, mistakes, rng)
+        self.task, self.summary = task, summary
         self.step = 0
 
     def chat(self, messages: list[Message], max_new_tokens: int = 0) -> str:
@@ -99,16 +114,19 @@ class ExpertPolicy:
 
     def reply(self, summary_requested: bool) -> str:
         if summary_requested:
-            return SUMMARY
+            if self.summary == "fixed":
+                return SUMMARY
+            return expert_summary(self.task, self.plan[:self.step], self.plan[self.step:])
         msg = self.plan[min(self.step, len(self.plan) - 1)]
         self.step += 1
         return msg
 
 
-def expert_token_policy(tokenizer, task, mistakes: ExpertMistakes = ExpertMistakes(), seed: int = 0):
+def expert_token_policy(tokenizer, task, mistakes: ExpertMistakes = ExpertMistakes(), seed: int = 0,
+                        summary: str = "notes"):
     """The expert as a TokenPolicy: canonical tokenizations of its messages, so its episodes are
     token-exact trajectories in the chat template of the model that learns from them."""
-    expert = ExpertPolicy(task, mistakes, seed)
+    expert = ExpertPolicy(task, mistakes, seed, summary)
     return ScriptedTokenPolicy(
         tokenizer, lambda prompt: expert.reply(SUMMARY_REQUEST in prompt[-len(SUMMARY_REQUEST) - 100:])
     )
@@ -161,6 +179,84 @@ def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[st
     plan.append("Now the tests." + render_call(ToolCall("run_tests", {"tests": tests})))
     plan.append("The feature is restored." + render_call(ToolCall("finish", {"message": "Restored the deleted code."})))
     return plan
+
+
+def expert_summary(task, sent: list[str], pending: list[str]) -> str:
+    """A self-summary from which the next segment can go on without reading again, given the
+    expert's messages already `sent` and still `pending`: what to restore (the stub's `def` and
+    docstring), the exact text the next edit_file replaces, each name the restored code reads with
+    its definition as it stands in a file already read (a constant's line, a function's `def`),
+    what was done, what comes next.
+
+    It states only what the context showed: definitions from files already read, never what the
+    expert knows from the gold patch alone."""
+    edits = [minimal_edit(e, _broken_text(task, e.path)) for e in patch_edits(task.patch)]
+    done, todo = _calls(sent), _calls(pending)
+    read_paths = list(dict.fromkeys(c.params["path"] for c in done if c.name == "read_file"))
+    next_edit = next((c for c in todo if c.name == "edit_file"), None)
+    edited = any(c.name == "edit_file" for c in done)
+    lines = ["Summary: restore in " + ", ".join(dict.fromkeys(e.path for e in edits)) + ":"]
+    for e in edits:  # the stub as the file had it; once edited, its def line says which function
+        stub = _stub_in_context(_broken_text(task, e.path) or "", e.old).rstrip("\n")
+        lines.append(stub.splitlines()[0] if edited else stub)
+    if done:
+        lines.append("Done: " + ", ".join(dict.fromkeys(c.name for c in done)) + ".")
+    if next_edit is not None and edited:  # a fix after an edit: the text now in the file
+        lines.append(f"The next edit_file replaces:\n{next_edit.params['old'].rstrip(chr(10))}")
+    facts: dict[str, list[str]] = {}  # path -> its definitions the restored code reads
+    for e in edits:
+        for path, line in _definitions_read(task, _code_only(e.new), read_paths):
+            known = facts.setdefault(path, [])
+            if line not in known:
+                known.append(line)
+    if facts:
+        lines.append("Read so far: " + "; ".join(f"{path} has {', '.join(defs)}" for path, defs in facts.items()))
+    elif not read_paths:
+        lines.append("I have not read the code yet.")
+    lines.append("Next: " + ", then ".join(dict.fromkeys(c.name for c in todo)) + ".")
+    return "\n".join(lines)
+
+
+def _calls(messages: list[str]) -> list[ToolCall]:
+    from carl.harness.protocol import parse_calls
+
+    return [c for m in messages for c in parse_calls(m, _specs()) if isinstance(c, ToolCall)]
+
+
+@functools.cache
+def _specs():
+    from carl.harness.tools import default_tools, specs_of
+
+    return specs_of(default_tools())
+
+
+def _stub_in_context(text: str, old: str, max_lines: int = 8) -> str:
+    """`old` with the lines above it back to its enclosing `def` (which function, its docstring),
+    at most `max_lines` lines; `old` alone when the file does not hold it."""
+    at = text.find(old)
+    if at < 0:
+        return old
+    above = text[:at].splitlines(keepends=True)
+    start = len(above)
+    for i in range(len(above) - 1, max(len(above) - max_lines, 0) - 1, -1):
+        if re.match(r"\s*def \w+\(", above[i]):
+            start = i
+            break
+    return "".join(above[start:]) + old
+
+
+def _definitions_read(task, code: str, read_paths: list[str]) -> list[tuple[str, str]]:
+    """(path, line) for each name of `code` defined at the top level of a read file (constants and
+    functions), in the order the names appear in `code`."""
+    facts: list[tuple[str, str]] = []
+    for name in dict.fromkeys(re.findall(r"\b[A-Za-z_]\w*\b", code)):
+        for path in read_paths:
+            text = _broken_text(task, path) or ""
+            m = re.search(rf"^(?:{re.escape(name)}\s*=.*|def {re.escape(name)}\(.*)$", text, re.M)
+            if m:
+                facts.append((path, m.group(0).rstrip(":").strip()))
+                break
+    return facts
 
 
 def referenced_files(task, edits: list[Edit]) -> list[str]:

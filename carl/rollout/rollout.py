@@ -165,6 +165,7 @@ def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:
         "rl/tool_error_rate": sum(r.trajectory.num_tool_errors for r in valid) / max(attempts, 1),
         "rl/turns_per_episode": sum(len(r.trajectory.turns) for r in valid) / n,
         "rl/summaries_per_episode": sum(r.trajectory.metadata.get("num_summaries", 0) for r in valid) / n,
+        "rl/truncations_per_episode": sum(r.trajectory.metadata.get("num_truncations", 0) for r in valid) / n,
         "rl/finish_rate": sum(r.trajectory.stop_reason == StopReason.FINISHED for r in valid) / n,
         "rl/infra_failures": float(len(flat) - len(valid)),
         "rl/monitor_flagged": float(sum(bool(r.monitor_flags) for r in valid)),

@@ -169,6 +169,11 @@ class WarmStartConfig:
     skip_read: float = 0.1
     """bad_call, wrong_edit, skip_read: probabilities of the expert's planted mistakes
     (carl.micro.expert.ExpertMistakes)."""
+    expert_summary: str = "notes"
+    """What the expert writes when asked for a self-summary (carl.micro.expert.expert_summary):
+    "notes" (the stub to replace and the definitions it needs from the files read) or "fixed"
+    (one sentence saying nothing; every run before 2026-12-02). At the default 2,048-token context
+    every expert episode of levels 4-5 resets at least once, right after reading the file."""
 
     def __post_init__(self) -> None:
         if self.episodes < 0:
@@ -181,6 +186,10 @@ class WarmStartConfig:
         for name in ("bad_call", "wrong_edit", "skip_read"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"warm_start.{name}: got {getattr(self, name)}, expected a probability in [0, 1]")
+        from carl.micro.expert import SUMMARIES
+
+        if self.expert_summary not in SUMMARIES:
+            raise ValueError(f"warm_start.expert_summary: got {self.expert_summary!r}, expected one of {SUMMARIES}")
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,10 @@ class RLConfig:
     rollouts (0.19 -> 0.53 in 5 steps at lr 5e-5; 0.11 -> 0.64 in one step at lr 2e-4; measured):
     a small model cannot act on the feedback, so its hinted distribution is no better target."""
     micro_batch_tokens: int = 4096
+    train_summaries: bool = True
+    """Self-summaries (the reply to a summary request, which ends a context segment) take the
+    episode's advantage like every other reply. False leaves them out of the RL loss: summaries
+    then keep what the warm start taught them (the ablation `benchmarks/summaries.py` runs)."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adamw", "muon"):

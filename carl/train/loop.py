@@ -296,7 +296,7 @@ def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, progress
     mistakes = ExpertMistakes(bad_call=ws.bad_call, wrong_edit=ws.wrong_edit, skip_read=ws.skip_read)
     progress.phase("expert episodes (warm-start data)", ws.episodes, "episodes")
     data = expert_rollouts(warm_tasks, tokenizer, ws.episodes, mistakes, limits, tools, cfg.sandbox, cfg.seed,
-                           on_done=lambda r: progress.advance())
+                           on_done=lambda r: progress.advance(), summary=ws.expert_summary)
     progress.end()
     ok = [r for r in data if r.valid and r.passed]
     progress.console.print(f"expert: {len(ok)}/{len(data)} episodes solved "

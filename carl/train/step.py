@@ -196,12 +196,28 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
                     except ValueError:  # e.g. a turn cut by the token limit has no full run: skip it
                         continue
                     teachers_by_segment.setdefault(t.segment, []).append(t)
+            summarized = {t.segment for t in r.trajectory.turns if t.is_summary}
             for i, seg in enumerate(r.trajectory.segments):
-                if not any(seg.generated_mask_T):  # e.g. a resumed segment cut by a limit before its first reply
+                mask_T = seg.generated_mask_T
+                if i in summarized and not cfg.train_summaries:
+                    mask_T = without_last_reply(mask_T)
+                if not any(mask_T):  # e.g. a resumed segment cut by a limit before its first reply
                     continue
-                seqs.append(TrainSequence(seg.token_ids_T, seg.generated_mask_T, seg.logprobs_T, adv,
+                seqs.append(TrainSequence(seg.token_ids_T, mask_T, seg.logprobs_T, adv,
                                           use_grpo, teachers_by_segment.get(i, []), seg.routing))
     return seqs
+
+
+def without_last_reply(mask_T: list[bool]) -> list[bool]:
+    """The mask with its last run of generated tokens cleared: a segment that a self-summary ends
+    has the summary as its last reply (the next segment starts right after it)."""
+    end = len(mask_T)
+    while end > 0 and not mask_T[end - 1]:
+        end -= 1
+    start = end
+    while start > 0 and mask_T[start - 1]:
+        start -= 1
+    return mask_T[:start] + [False] * (len(mask_T) - start)
 
 
 def replayed_routes(replay: Any, micro: list[TrainSequence], T: int, metrics: dict[str, float]) -> Any:

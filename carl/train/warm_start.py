@@ -30,10 +30,12 @@ from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 
 def expert_rollouts(tasks: list[TaskRecord], tokenizer: Any, num_episodes: int, mistakes: ExpertMistakes,
                     limits: EpisodeLimits, tools: dict[str, Tool], sandbox: SandboxConfig,
-                    seed: int, on_done: Callable[[Rollout], None] = lambda r: None) -> list[Rollout]:
+                    seed: int, on_done: Callable[[Rollout], None] = lambda r: None,
+                    summary: str = "notes") -> list[Rollout]:
     spread = round_robin_by_repo(tasks)
     chosen = [spread[i % len(spread)] for i in range(num_episodes)]
-    groups = collect_groups(lambda t, j: expert_token_policy(tokenizer, chosen[t], mistakes, seed=seed * 7919 + t),
+    groups = collect_groups(lambda t, j: expert_token_policy(tokenizer, chosen[t], mistakes, seed=seed * 7919 + t,
+                                                             summary=summary),
                             chosen, 1, limits, tools, sandbox, on_done=on_done)
     return [g[0] for g in groups]
 

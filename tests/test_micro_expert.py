@@ -1,0 +1,79 @@
+"""The scripted expert's self-summaries carry what the next context segment needs."""
+
+import re
+
+import pytest
+
+from carl.harness.agent import EpisodeLimits
+from carl.harness.tools import default_tools
+from carl.micro.expert import SUMMARY, ExpertMistakes, ExpertPolicy, minimal_edit, patch_edits
+from carl.micro.world import build_micro_tasks
+from carl.rollout.rollout import collect_groups
+from carl.sandbox.base import SandboxConfig
+from carl.tasks import broken_repo_dir
+
+
+@pytest.fixture(scope="module")
+def level5_tasks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("micro5")
+    return build_micro_tasks(out, seed=0, difficulty=5, repos={"eval": 1}, max_tasks_per_repo=3, backend="local")["eval"]
+
+
+def _constant_lines(task) -> list[str]:
+    """The settings lines (`PRICE_STEP = 7`) of every upper-case name the gold code reads."""
+    settings = next(p for p in broken_repo_dir(task).rglob("settings.py"))
+    text = settings.read_text()
+    names = {n for e in patch_edits(task.patch) for n in re.findall(r"\b[A-Z][A-Z_]+\b", e.new)}
+    return [m.group(0) for n in sorted(names) for m in [re.search(rf"^{n} = .*$", text, re.M)] if m]
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_summary_after_reading_holds_the_stub_and_the_definitions_read(level5_tasks):
+    saw_constant = False
+    for task in level5_tasks:
+        expert = ExpertPolicy(task, ExpertMistakes())
+        before = expert.reply(summary_requested=True)
+        assert "not read" in before and "Read so far" not in before  # states only what the context showed
+        read = expert.reply(summary_requested=False)
+        assert "read_file" in read
+        after = expert.reply(summary_requested=True)
+        for e in patch_edits(task.patch):
+            stub = minimal_edit(e, (broken_repo_dir(task) / e.path).read_text())
+            assert stub.old.rstrip("\n") in after  # the exact text edit_file must replace
+        name = re.search(r"def (\w+)\(", after).group(1)
+        assert name in task.problem_statement  # the stub's def line names the task's function
+        for line in _constant_lines(task):
+            assert line in after, (line, after)
+            saw_constant = True
+        while "finish" not in expert.plan[expert.step]:  # edit and test: what is left is the finish
+            expert.reply(summary_requested=False)
+        late = expert.reply(summary_requested=True)
+        assert late.endswith("Next: finish.") and "edit_file, run_tests" in late
+        assert "NotImplementedError" not in late  # no longer the text to replace: it was edited
+        assert ExpertPolicy(task, ExpertMistakes(), summary="fixed").reply(True) == SUMMARY
+    assert saw_constant  # the world put at least one settings constant behind these tasks
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_an_episode_reset_after_the_read_resumes_from_the_summary_and_passes(level5_tasks):
+    task = next(t for t in level5_tasks if _constant_lines(t))
+    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
+    limits = EpisodeLimits(max_turns=8, summarize_at_fraction=0.001, max_summaries=1)  # reset after turn 1
+    (group,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes()), [task], 1, limits, tools,
+                              SandboxConfig(backend="local"))
+    (r,) = group
+    traj = r.trajectory
+    assert r.passed, r.feedback
+    assert [t.is_summary for t in traj.turns[:2]] == [False, True] and len(traj.segments) == 2
+    resumed = traj.segments[1].messages[1].content  # the new segment's user message: task + summary
+    for line in _constant_lines(task):
+        assert line in resumed
+
+
+def test_unknown_summary_kind_is_refused(level5_tasks):
+    with pytest.raises(ValueError, match="summary"):
+        ExpertPolicy(level5_tasks[0], summary="verbose")
+    from carl.train.config import WarmStartConfig
+
+    with pytest.raises(ValueError, match="warm_start.expert_summary"):
+        WarmStartConfig(expert_summary="verbose")
