@@ -62,3 +62,49 @@ def test_importing_torch_free_packages_does_not_load_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "torch" not in out.stdout.strip().split(","), f"torch loaded by importing {TORCH_FREE}"
+
+
+# Lower layers never import higher ones. The command-line modules (`*/cli.py`) are the application
+# on top of every package and may import any of them; the one library exception is the semantic
+# search tool's default embedder, a model loaded lazily from carl.engine (carl.harness.tools.embedder).
+CLI_OR_PLUGIN = {"carl/harness/tools/embedder.py"}
+
+
+def _package_imports() -> dict[str, dict[str, str]]:
+    """{package: {imported package: one file that imports it}} over carl's library modules."""
+    edges: dict[str, dict[str, str]] = {}
+    for path in sorted((ROOT / "carl").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if len(rel.parts) < 3 or path.name == "cli.py" or str(rel) in CLI_OR_PLUGIN:
+            continue
+        pkg = rel.parts[1]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "carl" and len(parts) > 1 and parts[1] != pkg and (ROOT / "carl" / parts[1]).is_dir():
+                    edges.setdefault(pkg, {}).setdefault(parts[1], str(rel))
+    return edges
+
+
+def test_packages_import_each_other_without_cycles():
+    import graphlib
+
+    edges = _package_imports()
+    try:
+        order = list(graphlib.TopologicalSorter({p: set(d) for p, d in edges.items()}).static_order())
+    except graphlib.CycleError as e:
+        cycle = e.args[1]
+        raise AssertionError("package import cycle: " + " -> ".join(cycle) + " (" + "; ".join(
+            f"{a} -> {b} in {edges[a][b]}" for a, b in zip(cycle, cycle[1:])) + ")") from None
+    # what production use needs sits below what trains
+    for low, high in [("harness", "engine"), ("sandbox", "harness"), ("rollout", "train"), ("eval", "train"),
+                      ("tasks", "rollout"), ("train", "online")]:
+        assert order.index(low) < order.index(high), order
+    for low in ("harness", "sandbox", "tasks"):
+        assert not set(edges.get(low, {})) & {"engine", "rollout", "rl", "train", "eval", "online", "midtrain"}
