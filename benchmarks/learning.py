@@ -63,8 +63,8 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     "grpo+errcost+kl+cover24": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12",
                                 "micro.rl_repos=24", "rollout.group_size=8", "rollout.tasks_per_step=4"],
     "grpo+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0"],
-    # self-summaries at the default 2,048-token context (levels 4-5 reset it once or twice an episode):
-    # trained with the episode's advantage, left out of the RL loss, or no summary (a truncating context)
+    # self-summaries (with --config configs/long-horizon.toml, where episodes reset before their work is
+    # done): trained with the episode's advantage, left out of the RL loss, or no summary (truncation)
     "summaries": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.train_summaries=true",
                   "warm_start.expert_summary=notes"],
     "summaries-no-grad": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.train_summaries=false",

@@ -87,9 +87,9 @@ def patch_edits(patch: str) -> list[Edit]:
 
 SUMMARY = "Summary: I am restoring the deleted code from its docstring and the failing tests."
 """The summary of `ExpertPolicy(summary="fixed")`: the expert's only summary before 2026-12-02. It
-says nothing the next segment can use, so warm-start data taught the model to write the restored
-code right after a context reset that had dropped the constants it reads (at the CPU default's
-2,048-token budget every expert episode of levels 4-5 resets at least once, after reading the file)."""
+says nothing the next segment can use, so where a context reset dropped the file the expert had
+read, warm-start data taught the model to write code that reads constants no longer in its context
+(configs/long-horizon.toml: 9 of 12 expert episodes reset right after reading)."""
 
 SUMMARIES = ("notes", "fixed")
 
