@@ -419,7 +419,7 @@ def test_prefix_cache_keeps_longest_sequences_and_evicts_least_recently_used():
 
 
 def test_prefix_reuse_and_attention_kernel_defaults_depend_on_the_device():
-    cpu, gpu = HFEngineConfig(path="m"), HFEngineConfig(path="m", device="cuda:0")
+    cpu, gpu = HFEngineConfig(path="m", dtype="bfloat16"), HFEngineConfig(path="m", device="cuda:0")
     assert cpu.resolved_prefix_cache_tokens() == 65536 and gpu.resolved_prefix_cache_tokens() == 0
     assert HFEngineConfig(path="m", device="cuda:0", prefix_cache_tokens=4096).resolved_prefix_cache_tokens() == 4096
     assert cpu.resolved_attn_implementation() == "eager" and gpu.resolved_attn_implementation() == "eager"
@@ -427,6 +427,22 @@ def test_prefix_reuse_and_attention_kernel_defaults_depend_on_the_device():
     assert HFEngineConfig(path="m", dtype="float32").resolved_attn_implementation() is None
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         HFEngineConfig(path="m", prefix_cache_tokens=-1)
+
+
+def test_auto_dtype_is_bf16_only_where_the_device_computes_it_natively(monkeypatch):
+    from carl.engine.hf import auto_dtype
+    from carl.train.config import ModelConfig
+
+    for amx, avx512_bf16, expected in [(False, False, "float32"), (True, False, "bfloat16"), (False, True, "bfloat16")]:
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        assert auto_dtype("cpu") == expected
+        assert HFEngineConfig(path="m").dtype == expected == ModelConfig().dtype  # "auto" is resolved at once
+        assert HFEngineConfig(path="m", dtype="float32").dtype == "float32"  # an explicit dtype is kept
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert auto_dtype("cuda:0") == "float32"
+    with pytest.raises(ValueError, match="model.dtype"):
+        ModelConfig(dtype="fp16")
 
 
 def test_sample_tokens_draws_from_the_distribution_and_never_a_zero_probability_id():
