@@ -249,9 +249,9 @@ def _definitions_read(task, code: str, read_paths: list[str]) -> list[tuple[str,
     """(path, line) for each name of `code` defined at the top level of a read file (constants and
     functions), in the order the names appear in `code`."""
     facts: list[tuple[str, str]] = []
+    texts = {path: _broken_text(task, path) or "" for path in read_paths}
     for name in dict.fromkeys(re.findall(r"\b[A-Za-z_]\w*\b", code)):
-        for path in read_paths:
-            text = _broken_text(task, path) or ""
+        for path, text in texts.items():
             m = re.search(rf"^(?:{re.escape(name)}\s*=.*|def {re.escape(name)}\(.*)$", text, re.M)
             if m:
                 facts.append((path, m.group(0).rstrip(":").strip()))
