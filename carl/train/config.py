@@ -182,7 +182,8 @@ class WarmStartConfig:
     "notes" (the stub to replace and the definitions it needs from the files read) or "fixed"
     (one sentence saying nothing; every run before 2026-12-02). It matters where episodes reset before
     their work is done: 3 of 12 expert episodes of level 4 reset at the default limits, after their
-    test run; 12 of 12 with configs/long-horizon.toml, 9 of them right after reading the file."""
+    test run; 12 of 12 with configs/long-horizon.toml, 9 of them right after reading the file
+    (benchmarks/context_resets.py)."""
 
     def __post_init__(self) -> None:
         if self.episodes < 0:
