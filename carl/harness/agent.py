@@ -139,7 +139,7 @@ def run_episode(
     ctx = TokenContext(policy) if isinstance(policy, TokenPolicy) else ChatContext(policy, count_tokens)
     traj = Trajectory(task_id=task.instance_id)
     start = time.monotonic()
-    num_summaries = turns_in_segment = 0
+    num_resets = turns_in_segment = 0
     try:
         with _infra_failure(StopReason.POLICY_ERROR):
             traj.segments.append(ctx.start([system, Message("user", task_prompt(task.problem_statement))]))
@@ -154,13 +154,13 @@ def run_episode(
             segment = len(traj.segments) - 1
 
             if (ctx.num_tokens >= limits.summarize_at_fraction * limits.context_budget_tokens
-                    and num_summaries < limits.max_summaries and turns_in_segment > 0):
+                    and num_resets < limits.max_summaries and turns_in_segment > 0):
                 if limits.context_strategy == "truncate":
                     with _infra_failure(StopReason.POLICY_ERROR):
                         last_turn = ctx.segment.messages[-2:]  # its reply and what the tools returned
                         resumed = Message("user", truncated_prompt(task.problem_statement))
                         traj.segments.append(ctx.start([system, resumed, *last_turn]))
-                    num_summaries, turns_in_segment = num_summaries + 1, 0
+                    num_resets, turns_in_segment = num_resets + 1, 0
                     continue
                 with _infra_failure(StopReason.POLICY_ERROR):
                     ctx.add(Message("user", SUMMARY_REQUEST))
@@ -171,7 +171,7 @@ def run_episode(
                     traj.turns.append(turn)
                     resumed = Message("user", resume_prompt(task.problem_statement, summary))
                     traj.segments.append(ctx.start([system, resumed]))
-                num_summaries, turns_in_segment = num_summaries + 1, 0
+                num_resets, turns_in_segment = num_resets + 1, 0
                 if on_turn:
                     on_turn(turn)
                 continue
@@ -204,8 +204,8 @@ def run_episode(
         traj.stop_reason, traj.error = stop.reason, stop.error
     traj.wall_s = time.monotonic() - start
     truncating = limits.context_strategy == "truncate"  # the same count of context resets, by kind
-    traj.metadata["num_summaries"] = 0 if truncating else num_summaries
-    traj.metadata["num_truncations"] = num_summaries if truncating else 0
+    traj.metadata["num_summaries"] = 0 if truncating else num_resets
+    traj.metadata["num_truncations"] = num_resets if truncating else 0
     return traj
 
 
