@@ -256,7 +256,7 @@ class RLConfig:
     train_summaries: bool = True
     """Self-summaries (the reply to a summary request, which ends a context segment) take the
     episode's advantage like every other reply. False leaves them out of the RL loss: summaries
-    then keep what the warm start taught them (the ablation `benchmarks/summaries.py` runs)."""
+    then keep what the warm start taught them (the `summaries-no-grad` arm of benchmarks/learning.py)."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adamw", "muon"):
