@@ -42,7 +42,7 @@ from trainer import model_folder, save_random_llama  # noqa: E402
 
 from carl.engine.base import SamplingParams  # noqa: E402
 from carl.engine.config import EngineConfig  # noqa: E402
-from carl.engine.hf import HFEngine, HFEngineConfig  # noqa: E402
+from carl.engine.hf import HFEngine, HFEngineConfig, auto_dtype  # noqa: E402
 
 BARE = r"""
 import json, sys, time
@@ -72,7 +72,8 @@ if __name__ == "__main__":  # vLLM's engine process is spawned: it re-imports th
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help='"smollm2", "random-smollm2", "tiny", or a folder')
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto: bf16 where the CPU or GPU computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--prompt-len", type=int, default=1500, help="first prompt (system prompt and task)")
@@ -85,6 +86,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny random model, 8 episodes x 3 turns")
     p.add_argument("--json", default=None, help="also write the numbers here")
     args = p.parse_args()
+    if args.dtype == "auto":
+        args.dtype = auto_dtype("cpu")
     if args.quick:
         args.model, args.episodes, args.turns, args.prompt_len = "tiny", 8, 3, 256
         args.new_tokens, args.obs_len, args.gap = [10, 40], 40, [0.1, 0.4]

@@ -43,14 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trainer import model_folder, save_random_llama, sync
 
-from carl.engine.hf import HFEngine, HFEngineConfig, pad_token_id
+from carl.engine.hf import HFEngine, HFEngineConfig, auto_dtype, pad_token_id
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help='"smollm2" (the cache), "random-smollm2", "tiny", or a folder')
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto: bf16 where the CPU or GPU computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=1024, help="first prompt (the system prompt and task)")
@@ -67,6 +68,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny random model, 8 episodes x 3 turns")
     p.add_argument("--json", default=None, help="also write the numbers here")
     args = p.parse_args()
+    if args.dtype == "auto":
+        args.dtype = auto_dtype(args.device)
     if args.quick:
         args.model, args.episodes, args.turns, args.prompt_len = "tiny", 8, 3, 256
         args.new_tokens, args.obs_len, args.gap = [10, 40], 40, [0.1, 0.4]

@@ -49,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, load_model, pad_token_id
+from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, auto_dtype, load_model, pad_token_id
 from carl.tasks import TaskRecord
 from carl.train.config import RLConfig
 from carl.train.loop import set_trainable
@@ -71,8 +71,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per generation request")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per request")
     p.add_argument("--micro-batch-tokens", type=int, default=4096, help="rl.micro_batch_tokens")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
-                   help="compute dtype of the train step (autocast) and weights of the sampler")
+    p.add_argument("--dtype", default="auto", choices=["auto", *sorted(DTYPES)],
+                   help="compute dtype of the train step (autocast) and weights of the sampler; auto: bf16 where "
+                        "the device computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
     p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl")
@@ -81,6 +82,8 @@ def main() -> None:
     p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
     p.add_argument("--json", default="", help="also write the results here")
     args = p.parse_args()
+    if args.dtype == "auto":
+        args.dtype = auto_dtype(args.device)
     iters = 1 if args.quick else args.iters
     torch.manual_seed(0)
 

@@ -397,12 +397,12 @@ class OnlineLoop:
         """Write `model`'s weights as `version` to the weights dir the service follows."""
         import torch
 
-        from carl.engine.hf import load_model
+        from carl.engine.hf import DTYPES, load_model
         from carl.engine.weights import WeightStore
 
         if self._weights is None:
             # keep what is there: a restarted service reloads the deployed version from it
-            self._weights = WeightStore(self.cfg.weights_dir, _dtype(self.train_cfg.model.dtype), keep_existing=True)
+            self._weights = WeightStore(self.cfg.weights_dir, DTYPES[self.train_cfg.model.dtype], keep_existing=True)
         _, module = load_model(model, torch.float32)
         self._weights.publish(module, version)
 
@@ -468,9 +468,3 @@ def plot_kept_rates(store: FeedbackStore, state: OnlineState, path: Path) -> Non
 
 def _rate(outcomes: list[bool]) -> float | None:
     return sum(outcomes) / len(outcomes) if outcomes else None
-
-
-def _dtype(name: str):
-    import torch
-
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
