@@ -138,6 +138,39 @@ def test_a_killed_run_resumes_and_scores_no_sample_twice(suite, endpoint, ran, t
     assert _run(suite, endpoint, out, "--max-turns", "3") == 2
 
 
+def test_ray_actors_score_exactly_as_the_threads_did(suite, endpoint, ran, tmp_path, monkeypatch):
+    """--ray: two local Ray actors (their own policy, sandboxes) run every sample once and score as the
+    in-process run did; the in-process path is disabled here, so the samples can only come from them."""
+    ray = pytest.importorskip("ray")
+    import carl.eval.bench
+
+    def no_threads(*args, **kwargs):
+        raise AssertionError("--ray ran the samples in this process")
+
+    monkeypatch.setattr(carl.eval.bench, "run_samples", no_threads)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    endpoint.starts.clear()
+    out = tmp_path / "ray.json"
+    try:
+        assert _run(suite, endpoint, out, "--ray", "--ray-actors", "2") == 0
+    finally:
+        ray.shutdown()
+    _, first = ran
+    result = json.loads(out.read_text())
+    assert [t["outcomes"] for t in result["tasks"]] == [t["outcomes"] for t in first["tasks"]]
+    assert sorted(endpoint.starts) == sorted(t["task_id"] for t in result["tasks"] for _ in range(2))
+    assert result["summary"]["ray_actors"] == 2 and result["summary"]["pass@1"] == first["summary"]["pass@1"]
+
+
+def test_bad_ray_arguments_are_one_line_errors(suite, endpoint, tmp_path, capsys):
+    for extra, expected in ((("--ray-actors", "0"), "--ray-actors: got 0"),
+                            (("--ray-cpus-per-actor=-1",), "--ray-cpus-per-actor: got -1"),
+                            (("--ray", "nohost"), "--ray: got 'nohost'")):
+        assert _run(suite, endpoint, tmp_path / "x.json", *extra) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, err
+
+
 def test_a_partial_file_of_another_run_is_refused_clearly(suite, endpoint, ran, tmp_path, capsys):
     out, _ = ran
     bad = tmp_path / "r.json"

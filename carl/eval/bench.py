@@ -1,6 +1,7 @@
 """The benchmark runner: n samples per held-out task through the production harness and reward.
 
-    tasks x n --run_samples: ThreadWorkers (carl.rollout.workers), each sample its own sandbox,
+    tasks x n --run_samples: ThreadWorkers (carl.rollout.workers; `carl bench run --ray`: Ray actors,
+               BenchEpisodes), each sample its own sandbox,
                run_rollout (run_episode, then the clean-sandbox test reward and the monitor, with
                RL's monitor action)--> on_sample(t, j, rollout) as each finishes
         --> Sample (outcome, tokens in and out, tool calls, wall time, monitor flags)
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Collection
-from concurrent.futures import as_completed
+from concurrent.futures import Future, as_completed
+from dataclasses import dataclass
 from typing import Any
 
 from carl.eval.report import BenchReport, Sample, build_report
@@ -65,19 +67,46 @@ def run_samples(policy: Any, tasks: list[TaskRecord], samples_per_task: int, lim
                 monitor: MonitorConfig = RL_MONITOR, skip: Collection[tuple[str, int]] = (),
                 on_sample: Callable[[int, int, Rollout], None] = lambda t, j, r: None) -> None:
     """Sample j of task t for every (t, j) whose (task id, j) is not in `skip`, `max_workers` at
-    once, each in its own sandbox; `on_sample(t, j, rollout)` runs in the calling thread as each
-    finishes. Interrupted, the episodes in flight finish (their sandboxes close) and the queued
-    ones never start."""
+    once in threads of this process, each in its own sandbox; `on_sample(t, j, rollout)` runs in
+    the calling thread as each finishes. Interrupted, the episodes in flight finish (their
+    sandboxes close) and the queued ones never start."""
     from carl.rollout.workers import ThreadWorkers
 
-    views = episode_policies(policy, tasks)
-    skip = set(skip)
-    jobs = [(t, j) for t in range(len(tasks)) for j in range(samples_per_task)
-            if (tasks[t].instance_id, j) not in skip]
+    jobs = pending_samples(tasks, samples_per_task, skip)
     if not jobs:
         return
+    sample = sampler(policy, tasks, limits, tools, sandbox, monitor)
+    workers = ThreadWorkers(sample, max(1, min(max_workers, len(jobs))))
+    try:
+        drive(workers.submit, jobs, on_sample)
+    finally:
+        workers.close()
 
-    def run_one(t: int, j: int) -> Rollout:
+
+def pending_samples(tasks: list[TaskRecord], samples_per_task: int,
+                    skip: Collection[tuple[str, int]] = ()) -> list[tuple[int, int]]:
+    """(task index, sample index) of every sample whose (task id, sample index) is not in `skip`."""
+    skip = set(skip)
+    return [(t, j) for t in range(len(tasks)) for j in range(samples_per_task)
+            if (tasks[t].instance_id, j) not in skip]
+
+
+def drive(submit: Callable[[int, int, int], Future], jobs: list[tuple[int, int]],
+          on_sample: Callable[[int, int, Rollout], None]) -> None:
+    """Submit every (t, j) of `jobs` (`submit(t, j, version)`, carl.rollout.workers) and hand each
+    rollout to `on_sample` in this thread as it finishes."""
+    futures = {submit(t, j, 0): (t, j) for t, j in jobs}
+    for future in as_completed(futures):
+        on_sample(*futures[future], future.result())
+
+
+def sampler(policy: Any, tasks: list[TaskRecord], limits: EpisodeLimits, tools: dict[str, Tool],
+            sandbox: SandboxConfig, monitor: MonitorConfig) -> Callable[..., Rollout]:
+    """sample(t, j): sample j of task t with `policy`'s view for it, in its own sandbox, scored by
+    the clean-sandbox test reward and `monitor`; a chat policy's token counts in its metadata."""
+    views = episode_policies(policy, tasks)
+
+    def sample(t: int, j: int, version: int = 0) -> Rollout:
         view = views(t, j)
         meter = _UsageMeter(view) if not hasattr(view, "generate") else None
         r = run_rollout(meter or view, tasks[t], limits, tools, sandbox, RewardConfig(), monitor)
@@ -85,13 +114,29 @@ def run_samples(policy: Any, tasks: list[TaskRecord], samples_per_task: int, lim
             r.trajectory.metadata["usage"] = meter.usage()
         return r
 
-    workers = ThreadWorkers(run_one, max(1, min(max_workers, len(jobs))))
-    try:
-        futures = {workers.submit(t, j, 0): (t, j) for t, j in jobs}
-        for future in as_completed(futures):
-            on_sample(*futures[future], future.result())
-    finally:
-        workers.close()
+    return sample
+
+
+@dataclass(frozen=True)
+class BenchEpisodes:
+    """Bench samples run by Ray actors (carl.rollout.workers.RayWorkers, `carl bench run --ray`):
+    sent to each actor once, pickled; the actor builds its own policy from `policy` (anything
+    picklable with `build()`, e.g. carl.eval.cli.PolicyRecipe), its tools and its sandboxes. The
+    suite's task files must be at the same path on every node (one machine, or a shared
+    filesystem), as RL's task files."""
+
+    policy: Any
+    tasks: list[TaskRecord]
+    limits: EpisodeLimits
+    tool_names: tuple[str, ...]
+    sandbox: SandboxConfig
+    monitor: MonitorConfig = RL_MONITOR
+
+    def runner(self) -> Callable[[int, int, int], Rollout]:
+        from carl.harness.tools import default_tools
+
+        tools = {n: t for n, t in default_tools().items() if n in self.tool_names}
+        return sampler(self.policy.build(), self.tasks, self.limits, tools, self.sandbox, self.monitor)
 
 
 def episode_policies(policy: Any, tasks: list[TaskRecord]) -> Callable[[int, int], Any]:

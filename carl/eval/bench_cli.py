@@ -49,6 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                "config's rollout concurrency, else 16)")
     r.add_argument("--price", metavar="IN,OUT", help="USD per million input and output tokens (e.g. 0.15,0.60): "
                                                      "cost per task")
+    r.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the episodes in Ray actors: --ray alone starts a local Ray, --ray ADDRESS joins a "
+                        "cluster (e.g. auto, ray://head:10001); each actor builds its own policy and sandboxes, "
+                        "and the suite directory must be at the same path on every node")
+    r.add_argument("--ray-actors", type=int, default=2, help="with --ray: actors (default 2); --workers episodes "
+                                                              "at once are spread over them")
+    r.add_argument("--ray-cpus-per-actor", type=float, default=0.5,
+                   help="with --ray: CPUs each actor asks Ray for (default 0.5: actors mostly wait on the model and "
+                        "on test processes)")
+    r.add_argument("--ray-gpus-per-actor", type=float, default=0.0,
+                   help="with --ray: GPUs each actor asks for (a checkpoint on a GPU node; default 0)")
     _add_out(r, "bench_results.json", "samples")
     r.set_defaults(func=run)
 
@@ -159,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from carl.errors import UserError
-    from carl.eval.bench import RL_MONITOR, run_samples, to_sample
+    from carl.eval.bench import RL_MONITOR, to_sample
     from carl.eval.bench_run import build_run_report, load_partial_samples, render_run_table, run_key
-    from carl.eval.cli import agent_setup, load_policy
+    from carl.eval.cli import agent_setup, policy_recipe
     from carl.eval.suite import open_suite
     from carl.io import append_jsonl
     from carl.types import to_jsonable
@@ -172,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     if workers < 1:
         raise UserError(f"--workers: got {workers}, expected >= 1")
     _check_threshold(args.fail_below)
+    _check_ray(args)
     suite = open_suite(args.suite, args.smoke)
     settings = {**setup.settings(args), "suite_lock_sha256": suite.lock_sha256, "smoke": args.smoke}
     key = run_key(settings)
@@ -186,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     new = []
     if todo:
-        policy = load_policy(args, setup.run)
+        recipe = policy_recipe(args, setup.run)
 
         def line(s) -> str:
             verdict = "infra failure: " + s.error if s.infra_failure else ("passed" if s.passed else "failed")
@@ -199,19 +211,60 @@ def run(args: argparse.Namespace) -> int:
                 new.append(sample)
                 on_done(sample)
 
-            try:
-                run_samples(policy, suite.tasks, setup.samples, setup.limits, setup.tools, setup.sandbox, workers,
-                            skip=set(done), on_sample=record)
-            finally:
-                if hasattr(policy, "close"):
-                    policy.close()
+            _sample(args, recipe, suite.tasks, setup, workers, set(done), record)
     extra = {"suite": suite.name, "suite_dir": str(suite.dir), **settings, "monitor_action": RL_MONITOR.action,
-             "workers": workers, "run_key": key, "sampled_now": len(new), "wall_s": time.monotonic() - t0}
+             "workers": workers, "run_key": key, "sampled_now": len(new), "wall_s": time.monotonic() - t0,
+             **({"ray": args.ray, "ray_actors": args.ray_actors} if args.ray else {})}
     report = build_run_report(args.name or setup.name, suite.tasks, [*done.values(), *new], setup.samples,
                               suite.config.strata, price, extra)
     return _write_result(console, render_run_table(report), report, args.out, args.fail_below,
                          "no sample was scored: every episode failed in the infrastructure (see infra_errors in "
                          f"{args.out}); rerun to run them again")
+
+
+def _sample(args: argparse.Namespace, recipe: Any, tasks: list, setup: Any, workers: int, skip: set,
+            record: Callable[[int, int, Any], None]) -> None:
+    """Every sample not in `skip`, `workers` at once: in threads of this process sharing one policy,
+    or (--ray) in Ray actors that each build their own (carl.eval.bench.BenchEpisodes)."""
+    from carl.eval.bench import RL_MONITOR, BenchEpisodes, drive, pending_samples, run_samples
+
+    if not args.ray:
+        policy = recipe.build()
+        try:
+            run_samples(policy, tasks, setup.samples, setup.limits, setup.tools, setup.sandbox, workers,
+                        skip=skip, on_sample=record)
+        finally:
+            if hasattr(policy, "close"):
+                policy.close()
+        return
+    from carl.rollout.workers import RayWorkers
+
+    jobs = pending_samples(tasks, setup.samples, skip)
+    spec = BenchEpisodes(recipe, tasks, setup.limits, tuple(setup.tools), setup.sandbox, RL_MONITOR)
+    actors = min(args.ray_actors, len(jobs))
+    pool = RayWorkers(spec, actors, per_actor=max(1, -(-min(workers, len(jobs)) // actors)),
+                      cpus_per_actor=args.ray_cpus_per_actor, gpus_per_actor=args.ray_gpus_per_actor,
+                      address="" if args.ray == "local" else args.ray, needed_by="carl bench run --ray")
+    try:
+        drive(pool.submit, jobs, record)
+    finally:
+        pool.close()
+
+
+def _check_ray(args: argparse.Namespace) -> None:
+    from carl.errors import UserError
+
+    if args.ray_actors < 1:
+        raise UserError(f"--ray-actors: got {args.ray_actors}, expected >= 1")
+    for flag, value in (("--ray-cpus-per-actor", args.ray_cpus_per_actor),
+                        ("--ray-gpus-per-actor", args.ray_gpus_per_actor)):
+        if not value >= 0:
+            raise UserError(f"{flag}: got {value:g}, expected a number >= 0")
+    if args.ray and args.ray != "local":
+        ok = args.ray == "auto" or args.ray.startswith("ray://") or (":" in args.ray and not args.ray.startswith("-"))
+        if not ok:
+            raise UserError(f"--ray: got {args.ray!r}, expected nothing (a local Ray), auto, ray://HOST:PORT or "
+                            "HOST:PORT")
 
 
 def report(args: argparse.Namespace) -> int:

@@ -48,6 +48,8 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
                         "how soon it is cut depends on the machine's load: give evals that are compared a limit "
                         "they never reach")
     p.add_argument("--tools", default="", help="comma-separated tool names (default: all)")
+    p.add_argument("--device", default=None,
+                   help="where a checkpoint samples, e.g. cuda:0 (default: the run config's, else cpu)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampler: each episode draws from its own stream (task, sample, turn), so "
                         "the same seed repeats an eval, and two checkpoints scored with one seed share their "
@@ -144,7 +146,7 @@ class AgentSetup:
                 "run_config": args.run_config and str(Path(args.run_config).resolve()),
                 "temperature": args.temperature, "seed": args.seed, "samples_per_task": self.samples,
                 "limits": dataclasses.asdict(self.limits), "tools": sorted(self.tools),
-                "sandbox": self.sandbox.backend}
+                "sandbox": self.sandbox.backend, **({"device": args.device} if args.device else {})}
 
 
 def agent_setup(args: argparse.Namespace) -> AgentSetup:
@@ -202,26 +204,56 @@ def _run_config(path: str | None):
 
 def load_policy(args: argparse.Namespace, run: Any = None) -> Any:
     """The policy of --checkpoint (an HFEngine; with --run-config sampling as that run's eval) or --policy."""
+    return policy_recipe(args, run).build()
+
+
+@dataclass(frozen=True)
+class PolicyRecipe:
+    """How to build the agent's policy, picklable: built once in each process that samples (this
+    one, or each Ray actor of `carl bench run --ray`)."""
+
+    policy: str = ""
+    """--policy's spec (carl.harness.cli.parse_policy), or "" for a checkpoint."""
+    temperature: float = 0.0
+    seed: int | None = None
+    engine: dict[str, Any] | None = None
+    """A checkpoint's carl.engine.hf.HFEngineConfig fields, made into the config where it is built, so
+    that dtype "auto" is resolved on the device that samples (a Ray actor's GPU, not the head's CPU)."""
+
+    def build(self) -> Any:
+        if self.policy:
+            from carl.harness.cli import parse_policy
+
+            return parse_policy(self.policy, temperature=self.temperature, seed=self.seed)
+        from transformers.utils import logging as hf_logging
+
+        from carl.engine.hf import HFEngine, HFEngineConfig
+
+        hf_logging.disable_progress_bar()  # a bar per weights load fills logs; the command's own progress says more
+        return HFEngine(HFEngineConfig(**self.engine))
+
+
+def policy_recipe(args: argparse.Namespace, run: Any = None) -> PolicyRecipe:
+    """--checkpoint's or --policy's recipe, checked (UserError naming the flag) but not built."""
     from carl.errors import UserError
 
     if args.policy:
         from carl.harness.cli import parse_policy
 
-        return parse_policy(args.policy, temperature=args.temperature, seed=args.seed)
+        parse_policy(args.policy, temperature=args.temperature, seed=args.seed)  # a bad spec fails here, once
+        return PolicyRecipe(policy=args.policy, temperature=args.temperature, seed=args.seed)
     path = Path(args.checkpoint)
     if (path / "model" / "config.json").is_file() or (path / "model" / "adapter_config.json").is_file():
         path = path / "model"
     if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
         raise UserError(f"--checkpoint: {args.checkpoint!r} holds no model (expected config.json, or a LoRA "
                         "adapter's adapter_config.json, in it or in model/)")
-    from transformers.utils import logging as hf_logging
-
-    from carl.engine.hf import HFEngine, HFEngineConfig
-
-    hf_logging.disable_progress_bar()  # a bar per weights load fills logs; the command's own progress says more
     if run is None:
-        return HFEngine(HFEngineConfig(path=str(path), temperature=args.temperature, seed=args.seed))
+        return PolicyRecipe(engine={"path": str(path.resolve()), "temperature": args.temperature, "seed": args.seed,
+                                    "device": args.device or "cpu"})
     from carl.train.loop import sampler_config
 
     # a LoRA run's checkpoint loads merged (carl.engine.hf.load_model): no adapters on top
-    return HFEngine(dataclasses.replace(sampler_config(run, path, args.temperature, seed=args.seed), lora=None))
+    config = sampler_config(run, path.resolve(), args.temperature, seed=args.seed)
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)} | {"lora": None}
+    return PolicyRecipe(engine=fields | ({"device": args.device} if args.device else {}))

@@ -4,8 +4,11 @@ Both give the orchestrator one call, `submit(task index, sample index, version) 
 
 - `ThreadWorkers`: `concurrency` episode threads sharing the run's engine object (any engine,
   the in-process HF one included). The default on one machine.
-- `RayWorkers`: `actors` Ray actors, each with its own engine client (the vLLM engine's HTTP
-  address) and its own sandboxes, running up to `per_actor` episodes at once. Each actor asks
+- `RayWorkers`: `actors` Ray actors, each building its own episode runner from a picklable spec
+  sent once (`spec.runner()`: RL's `EpisodeSpec` gives each actor its own engine client, the vLLM
+  engine's HTTP address, and its own sandboxes; `carl bench run --ray` sends
+  carl.eval.bench.BenchEpisodes, whose actors build their own policy), each running up to
+  `per_actor` episodes at once. Each actor asks
   Ray for `cpus_per_actor` CPUs (fractional on small machines: a 2-core box holds several
   actors, which spend most of their time waiting on the engine and on test processes). An actor
   that dies (killed, its node lost) is replaced, and its episodes in flight are started again on
@@ -60,29 +63,36 @@ class EpisodeSpec:
     """LoRA runs: sample with the run's adapter (carl.engine.vllm.LORA_NAME)."""
 
 
-class RolloutActor:
-    """A Ray actor's body (wrapped with `ray.remote` by RayWorkers): episodes against the engine at
-    `spec.engine_url`, each in its own sandbox."""
-
-    def __init__(self, spec: EpisodeSpec):
+    def runner(self) -> Callable[[int, int, int], Rollout]:
+        """run(task index, sample index, version): one RL episode against the engine at
+        `engine_url`, in its own sandbox (built once per actor: an engine client and the tools)."""
         from carl.engine.config import EngineConfig
         from carl.engine.vllm import VLLMEngine
         from carl.harness.tools import default_tools
-
-        self.spec = spec
-        self.engine = VLLMEngine(spec.model_path, "", EngineConfig(url=spec.engine_url), "",
-                                 max_model_len=spec.max_model_len, seed=spec.seed, sampling=spec.sampling,
-                                 record_routes=spec.record_routes, lora_rank=spec.lora_rank, log=lambda m: None)
-        self.tools = {n: t for n, t in default_tools().items() if n in spec.tool_names}
-
-    def run(self, task_index: int, sample_index: int, version: int) -> Rollout:
         from carl.rewards.reward import RewardConfig
         from carl.rollout.rollout import run_rollout
 
-        s = self.spec
-        self.engine.policy_version = version  # the version its first turn samples with (the server's now)
-        return run_rollout(self.engine, s.tasks[task_index], s.limits, self.tools, s.sandbox, RewardConfig(),
-                           s.monitor, s.shaping)
+        engine = VLLMEngine(self.model_path, "", EngineConfig(url=self.engine_url), "",
+                            max_model_len=self.max_model_len, seed=self.seed, sampling=self.sampling,
+                            record_routes=self.record_routes, lora_rank=self.lora_rank, log=lambda m: None)
+        tools = {n: t for n, t in default_tools().items() if n in self.tool_names}
+
+        def run(task_index: int, sample_index: int, version: int) -> Rollout:
+            engine.policy_version = version  # the version its first turn samples with (the server's now)
+            return run_rollout(engine, self.tasks[task_index], self.limits, tools, self.sandbox, RewardConfig(),
+                               self.monitor, self.shaping)
+
+        return run
+
+
+class RolloutActor:
+    """A Ray actor's body (wrapped with `ray.remote` by RayWorkers): the episodes of `spec.runner()`."""
+
+    def __init__(self, spec: Any):
+        self.run_one = spec.runner()
+
+    def run(self, task_index: int, sample_index: int, version: int) -> Rollout:
+        return self.run_one(task_index, sample_index, version)
 
     def pid(self) -> int:
         import os
@@ -91,19 +101,24 @@ class RolloutActor:
 
 
 class RayWorkers:
-    def __init__(self, spec: EpisodeSpec, actors: int, per_actor: int, cpus_per_actor: float,
-                 address: str = "", max_retries: int = 3):
+    def __init__(self, spec: Any, actors: int, per_actor: int, cpus_per_actor: float,
+                 address: str = "", max_retries: int = 3, gpus_per_actor: float = 0.0,
+                 needed_by: str = "rollout.workers=ray (or rollout.workers=threads)"):
+        """`spec`: anything picklable with a `runner()` that returns run(task index, sample index,
+        version) -> Rollout, called once in each actor (EpisodeSpec, carl.eval.bench.BenchEpisodes).
+        `needed_by` names the setting that asked for Ray, for the error when it is not installed."""
         try:
             import ray
         except ImportError:
-            raise UserError("rollout.workers=ray needs Ray: pip install ray (or rollout.workers=threads)") from None
+            raise UserError(f"Ray is not installed (pip install ray); it is needed by {needed_by}") from None
         self.ray = ray
         if not ray.is_initialized():
             ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
                      ignore_reinit_error=True, configure_logging=False)
         self.spec_ref = ray.put(spec)
         # one slot more than the episodes: control calls (pid) never wait behind them
-        self.remote_cls = ray.remote(max_concurrency=per_actor + 1, num_cpus=cpus_per_actor, max_restarts=0)(RolloutActor)
+        self.remote_cls = ray.remote(max_concurrency=per_actor + 1, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
+                                     max_restarts=0)(RolloutActor)
         self.max_retries = max_retries
         self.actors = [self._new_actor() for _ in range(actors)]
         self.replaced = 0
