@@ -218,7 +218,7 @@ def test_a_tiny_checkpoint_runs_the_smoke_subset(suite, checkpoint, tmp_path):
     assert s["cost_per_task_usd"] == pytest.approx((s["input_tokens_per_task"] + s["tokens_per_task"]) / 1e6)
 
 
-def test_grading_a_suite_scores_a_hand_made_predictions_file_exactly(suite, tmp_path):
+def _grade_hand_made(suite, tmp_path, *extra):
     """Gold patches for tasks 0, 1 and 3, empty ones for 2 and 4, none for 5: 3 of 6 resolved."""
     tasks = open_suite(suite).tasks
     rows = [{"instance_id": t.instance_id, "model_patch": t.patch if i in (0, 1, 3) else ""}
@@ -227,7 +227,7 @@ def test_grading_a_suite_scores_a_hand_made_predictions_file_exactly(suite, tmp_
     preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "grade.json"
     assert main(["bench", "grade", "--suite", str(suite), "--predictions", str(preds), "--sandbox", "local",
-                 "--out", str(out), "--workers", "3"]) == 0
+                 "--out", str(out), "--workers", "3", *extra]) == 0
     result = json.loads(out.read_text())
     statuses = [t["status"] for t in result["tasks"]]
     assert statuses == ["resolved", "resolved", "empty", "resolved", "empty", "missing"]
@@ -235,6 +235,26 @@ def test_grading_a_suite_scores_a_hand_made_predictions_file_exactly(suite, tmp_
     assert (s["resolved"], s["n"], s["pass@1"], s["suite"]) == (3, 6, 0.5, "tiny")
     assert s["ci95"] == pytest.approx(list(wilson_interval(3, 6)))
     assert result["strata"]["repo"]["mini"]["resolved"] == 3 and "size_files" in result["strata"]
+
+
+def test_grading_a_suite_scores_a_hand_made_predictions_file_exactly(suite, tmp_path):
+    _grade_hand_made(suite, tmp_path)
+
+
+def test_grading_on_ray_actors_scores_the_same(suite, tmp_path, monkeypatch):
+    """--ray: the grades come from two local Ray actors (the in-process grader is disabled here)."""
+    ray = pytest.importorskip("ray")
+    import carl.eval.grade
+
+    def no_local_grades(*args, **kwargs):
+        raise AssertionError("--ray graded in this process")
+
+    monkeypatch.setattr(carl.eval.grade, "grade_prediction", no_local_grades)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        _grade_hand_made(suite, tmp_path, "--ray", "--ray-actors", "2")
+    finally:
+        ray.shutdown()
 
 
 def test_mean_interval_is_wilsons_with_one_sample_and_narrows_with_agreeing_samples():

@@ -49,15 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                "config's rollout concurrency, else 16)")
     r.add_argument("--price", metavar="IN,OUT", help="USD per million input and output tokens (e.g. 0.15,0.60): "
                                                      "cost per task")
-    r.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run the episodes in Ray actors: --ray alone starts a local Ray, --ray ADDRESS joins a "
-                        "cluster (e.g. auto, ray://head:10001); each actor builds its own policy and sandboxes, "
-                        "and the suite directory must be at the same path on every node")
-    r.add_argument("--ray-actors", type=int, default=2, help="with --ray: actors (default 2); --workers episodes "
-                                                              "at once are spread over them")
-    r.add_argument("--ray-cpus-per-actor", type=float, default=0.5,
-                   help="with --ray: CPUs each actor asks Ray for (default 0.5: actors mostly wait on the model and "
-                        "on test processes)")
+    _add_ray(r, "episodes", "its own policy and sandboxes")
     r.add_argument("--ray-gpus-per-actor", type=float, default=0.0,
                    help="with --ray: GPUs each actor asks for (a checkpoint on a GPU node; default 0)")
     _add_out(r, "bench_results.json", "samples")
@@ -74,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "an object keyed by instance_id); a prediction for a task not in the tasks is an error")
     g.add_argument("--workers", type=int, default=4, help="tasks graded at once (two sandboxes each)")
     g.add_argument("--sandbox", default="bwrap", choices=list(BACKENDS), help="(default bwrap)")
+    _add_ray(g, "grades", "its own sandboxes")
     _add_out(g, "bench_report.json", "tasks")
     g.set_defaults(func=grade)
 
@@ -102,6 +95,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
+def _add_ray(p: argparse.ArgumentParser, what: str, builds: str) -> None:
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help=f"run the {what} in Ray actors: --ray alone starts a local Ray, --ray ADDRESS joins a "
+                        f"cluster (e.g. auto, ray://head:10001); each actor builds {builds}, and the suite "
+                        "directory must be at the same path on every node")
+    p.add_argument("--ray-actors", type=int, default=2, help=f"with --ray: actors (default 2); --workers {what} "
+                                                              "at once are spread over them")
+    p.add_argument("--ray-cpus-per-actor", type=float, default=0.5,
+                   help="with --ray: CPUs each actor asks Ray for (default 0.5: actors mostly wait on the model "
+                        "and on test processes)")
+
+
 def _add_out(p: argparse.ArgumentParser, default: str, unit: str) -> None:
     p.add_argument("--out", default=default,
                    help=f"the JSON result (default {default}); {unit} are appended to OUT.partial.jsonl as they "
@@ -122,6 +127,7 @@ def grade(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UserError(f"--workers: got {args.workers}, expected >= 1")
+    _check_ray(args)
     tasks, strata, where = _tasks_of(args)
     predictions = load_predictions(args.predictions)
     check_known(predictions, tasks, where["tasks_file"])
@@ -138,8 +144,9 @@ def grade(args: argparse.Namespace) -> int:
     def line(g) -> str:
         return f"{g.instance_id}: {g.status}" + (f" ({g.reason})" if g.reason else "") + f" {g.duration_s:.1f} s"
 
-    with _progress(console, todo, "grading", line) as on_graded:
-        results = grade_all(tasks, predictions, config, partial, args.workers, done, on_graded=on_graded)
+    with _progress(console, todo, "grading", line) as on_graded, _ray_grades(args, tasks, predictions, config, todo) as submit:
+        results = grade_all(tasks, predictions, config, partial, args.workers, done, on_graded=on_graded,
+                            submit=submit)
     names = sorted({p.model_name_or_path for p in predictions.values() if p.model_name_or_path})
     name = names[0] if len(names) == 1 else Path(args.predictions).stem
     report = build_grade_report(name, tasks, results, strata=strata, extra={
@@ -251,13 +258,33 @@ def _sample(args: argparse.Namespace, recipe: Any, tasks: list, setup: Any, work
         pool.close()
 
 
+@contextlib.contextmanager
+def _ray_grades(args: argparse.Namespace, tasks: list, predictions: dict, config: Any, todo: int) -> Iterator[Any]:
+    """With --ray, submit(task index) -> Future of its grade, run by Ray actors (carl.eval.grade.GradeJobs);
+    None (threads of this process) without, or with nothing to grade."""
+    if not args.ray or not todo:
+        yield None
+        return
+    from carl.eval.grade import GradeJobs
+    from carl.rollout.workers import RayWorkers
+
+    actors = min(args.ray_actors, todo)
+    pool = RayWorkers(GradeJobs(tasks, predictions, config), actors, per_actor=max(1, -(-args.workers // actors)),
+                      cpus_per_actor=args.ray_cpus_per_actor, address="" if args.ray == "local" else args.ray,
+                      needed_by="carl bench grade --ray")
+    try:
+        yield lambda t: pool.submit(t, 0, 0)
+    finally:
+        pool.close()
+
+
 def _check_ray(args: argparse.Namespace) -> None:
     from carl.errors import UserError
 
     if args.ray_actors < 1:
         raise UserError(f"--ray-actors: got {args.ray_actors}, expected >= 1")
     for flag, value in (("--ray-cpus-per-actor", args.ray_cpus_per_actor),
-                        ("--ray-gpus-per-actor", args.ray_gpus_per_actor)):
+                        ("--ray-gpus-per-actor", getattr(args, "ray_gpus_per_actor", 0.0))):
         if not value >= 0:
             raise UserError(f"{flag}: got {value:g}, expected a number >= 0")
     if args.ray and args.ray != "local":

@@ -34,7 +34,7 @@ import json
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -113,17 +113,22 @@ class GradedTask:
 
 def grade_all(tasks: list[TaskRecord], predictions: Mapping[str, Prediction], config: GradeConfig,
               partial_path: str | Path, workers: int, done: dict[str, GradedTask] | None = None,
-              on_graded: Callable[[GradedTask], None] | None = None) -> list[GradedTask]:
+              on_graded: Callable[[GradedTask], None] | None = None,
+              submit: Callable[[int], Future] | None = None) -> list[GradedTask]:
     """Every task's outcome, in the order of `tasks`. Those in `done` (`load_partial`) are kept;
-    the others are graded `workers` at once, each appended to `partial_path` when it finishes."""
+    the others are graded `workers` at once (in threads of this process, or by `submit(task
+    index)`, e.g. Ray actors running `GradeJobs`), each appended to `partial_path` when it finishes."""
     from carl.io import append_jsonl
     from carl.types import to_jsonable
 
     results = dict(done or {})
-    todo = [t for t in tasks if t.instance_id not in results]
+    todo = [i for i, t in enumerate(tasks) if t.instance_id not in results]
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1)))
+    if submit is None:
+        def submit(i: int) -> Future:
+            return pool.submit(grade_prediction, tasks[i], predictions.get(tasks[i].instance_id), config)
     try:
-        futures = [pool.submit(grade_prediction, t, predictions.get(t.instance_id), config) for t in todo]
+        futures = [submit(i) for i in todo]
         for future in as_completed(futures):
             graded = future.result()
             append_jsonl(partial_path, to_jsonable(graded))
@@ -133,6 +138,22 @@ def grade_all(tasks: list[TaskRecord], predictions: Mapping[str, Prediction], co
     finally:  # interrupted: grades in flight finish (their sandboxes close), queued ones never start
         pool.shutdown(wait=True, cancel_futures=True)
     return [results[t.instance_id] for t in tasks]
+
+
+@dataclass(frozen=True)
+class GradeJobs:
+    """Grades run by Ray actors (carl.rollout.workers.RayWorkers, `carl bench grade --ray`): sent to
+    each actor once, pickled; run(task index, _, _) grades that task in the actor's own sandboxes."""
+
+    tasks: list[TaskRecord]
+    predictions: Mapping[str, Prediction]
+    config: GradeConfig
+
+    def runner(self) -> Callable[[int, int, int], GradedTask]:
+        def run(i: int, _sample: int = 0, _version: int = 0) -> GradedTask:
+            return grade_prediction(self.tasks[i], self.predictions.get(self.tasks[i].instance_id), self.config)
+
+        return run
 
 
 def grade_prediction(task: TaskRecord, prediction: Prediction | None, config: GradeConfig) -> GradedTask:
