@@ -244,14 +244,9 @@ def _sample(args: argparse.Namespace, recipe: Any, tasks: list, setup: Any, work
             if hasattr(policy, "close"):
                 policy.close()
         return
-    from carl.rollout.workers import RayWorkers
-
     jobs = pending_samples(tasks, setup.samples, skip)
     spec = BenchEpisodes(recipe, tasks, setup.limits, tuple(setup.tools), setup.sandbox, RL_MONITOR)
-    actors = min(args.ray_actors, len(jobs))
-    pool = RayWorkers(spec, actors, per_actor=max(1, -(-min(workers, len(jobs)) // actors)),
-                      cpus_per_actor=args.ray_cpus_per_actor, gpus_per_actor=args.ray_gpus_per_actor,
-                      address="" if args.ray == "local" else args.ray, needed_by="carl bench run --ray")
+    pool = _ray_pool(args, spec, len(jobs), workers, "carl bench run --ray")
     try:
         drive(pool.submit, jobs, record)
     finally:
@@ -266,16 +261,22 @@ def _ray_grades(args: argparse.Namespace, tasks: list, predictions: dict, config
         yield None
         return
     from carl.eval.grade import GradeJobs
-    from carl.rollout.workers import RayWorkers
 
-    actors = min(args.ray_actors, todo)
-    pool = RayWorkers(GradeJobs(tasks, predictions, config), actors, per_actor=max(1, -(-args.workers // actors)),
-                      cpus_per_actor=args.ray_cpus_per_actor, address="" if args.ray == "local" else args.ray,
-                      needed_by="carl bench grade --ray")
+    pool = _ray_pool(args, GradeJobs(tasks, predictions, config), todo, args.workers, "carl bench grade --ray")
     try:
         yield lambda t: pool.submit(t, 0, 0)
     finally:
         pool.close()
+
+
+def _ray_pool(args: argparse.Namespace, spec: Any, jobs: int, workers: int, needed_by: str) -> Any:
+    """--ray-actors actors (no more than `jobs`) running `spec`'s jobs, `workers` at once over all of them."""
+    from carl.rollout.workers import RayWorkers
+
+    actors = min(args.ray_actors, jobs)
+    return RayWorkers(spec, actors, per_actor=max(1, -(-min(workers, jobs) // actors)),
+                      cpus_per_actor=args.ray_cpus_per_actor, gpus_per_actor=getattr(args, "ray_gpus_per_actor", 0.0),
+                      address="" if args.ray == "local" else args.ray, needed_by=needed_by)
 
 
 def _check_ray(args: argparse.Namespace) -> None:
