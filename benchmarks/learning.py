@@ -13,7 +13,9 @@ The other arms branch from that run's pinned warm-start checkpoint (step 0) and 
 same task files (an arm that sets `micro.rl_repos` builds its own RL set of that many repos of
 the same world), so every arm of a seed starts from the same weights, tasks and RL step budget
 (dynamic sampling may add batches of rollouts in either: the printed rollouts per arm say how
-many); they differ only in the arm's overrides. A finished run is
+many); they differ only in the arm's overrides. An arm that changes an eval setting (`truncate`'s
+limits.context_strategy, an eval.* override) evaluates the warm start again under its own settings
+(as `carl train --branch-from` does) instead of sharing the first arm's. A finished run is
 reused, so an interrupted benchmark resumes.
 
 Printed: per seed and arm, warm-start and RL pass@1, and from the run's per-task eval reports the
@@ -46,7 +48,7 @@ from carl.errors import UserError
 from carl.eval.paired import paired_difference
 from carl.eval.seeds import seed_spread
 from carl.train.checkpoint import load_state, save_state
-from carl.train.state import branch_run, extend_run
+from carl.train.state import branch_run, extend_run, warm_eval_changes
 
 ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
     "grpo": ["rl.sd_weight=0", "shaping.tool_error_cost=0"],
@@ -110,7 +112,9 @@ def main() -> None:
                 continue
             overrides = [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}", *ARMS[arm], *args.overrides]
             if run_dir != first and not finished:
-                overrides += branch_from(first, run_dir, rl_repos=_rl_repos(ARMS[arm] + args.overrides))
+                reevaluate = eval_changes(first, args.config, overrides)
+                overrides += branch_from(first, run_dir, rl_repos=_rl_repos(ARMS[arm] + args.overrides),
+                                         reevaluate=bool(reevaluate))
             if not finished:
                 train(load_config(TrainConfig, args.config, overrides))
             results[arm].append(run_result(run_dir, seed))
@@ -154,19 +158,39 @@ def run_seeds_apart(args: argparse.Namespace) -> list[int]:
     return failed
 
 
-def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None) -> list[str]:
+def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None, reevaluate: bool = False) -> list[str]:
     """Start `run_dir` at `first`'s warm-start checkpoint, on `first`'s task files; returns the overrides
     (`carl train --branch-from`'s steps, carl.train.state.branch_run).
 
     With `rl_repos`, the branch trains on its own RL set of that many micro repos of `first`'s world
-    instead (built under <run_dir>/micro; the warm-start and held-out tasks stay `first`'s)."""
-    if not (first / "report.json").exists() or not (first / "checkpoints" / "step_000000").exists():
-        raise SystemExit(f"{first} has no finished run with a warm-start checkpoint to branch from")
-    branch_run(first, 0, run_dir)
+    instead (built under <run_dir>/micro; the warm-start and held-out tasks stay `first`'s). With
+    `reevaluate`, the branch evaluates the warm start again under its own settings (`eval_changes`)."""
+    _require_finished(first)
+    branch_run(first, 0, run_dir, reevaluate=reevaluate)
     files = task_files(first)
     if rl_repos is not None:
         files["rl_tasks"] = build_rl_set(first, run_dir, rl_repos)
     return [f"{key}={path}" for key, path in files.items()]
+
+
+def _require_finished(first: Path) -> None:
+    if not (first / "report.json").exists() or not (first / "checkpoints" / "step_000000").exists():
+        raise SystemExit(f"{first} has no finished run with a warm-start checkpoint to branch from")
+
+
+def eval_changes(first: Path, config: str | None, overrides: list[str]) -> list[str]:
+    """The eval settings an arm changes from the first arm's (carl.train.state.warm_eval_changes): an arm
+    with any makes its own warm-start eval, as `carl train --branch-from` does, so that its RL - warm
+    start compares the two checkpoints under one set of settings."""
+    from carl.config import load_config
+    from carl.train.config import TrainConfig
+
+    _require_finished(first)
+    files = [f"{key}={path}" for key, path in task_files(first).items()]
+    changes = warm_eval_changes(first, load_config(TrainConfig, config, overrides + files))
+    if changes:
+        print(f"  warm start evaluated again for this arm: {'; '.join(changes)}")
+    return changes
 
 
 def reopen_rl(ckpt: Path) -> None:

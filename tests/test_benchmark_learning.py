@@ -106,6 +106,30 @@ def test_an_arm_branches_from_the_first_arms_warm_start(tmp_path, with_eval):
     assert steps == [-1, 0]  # the warm start's rows (which step 0's checkpoint counts), not the RL ones
 
 
+def test_an_arm_with_other_eval_settings_evaluates_the_warm_start_again(tmp_path):
+    from carl.config import load_config, save_config
+    from carl.train.config import TrainConfig
+    from carl.train.state import warm_eval_changes
+
+    first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_truncate"
+    _finished_run(first, with_eval=True)
+    save_config(load_config(TrainConfig, None, [f"run_dir={first}"]), first / "config.toml")
+    (first / "micro").mkdir()
+    for split in ("warm_start", "rl", "eval"):
+        (first / "micro" / f"{split}.jsonl").write_text("")
+    assert learning.eval_changes(first, None, ["seed=0", "rl.sd_weight=0.5"]) == []  # training settings only
+    assert learning.eval_changes(first, None, ["limits.context_strategy=truncate", "eval.samples_per_task=4"]) == [
+        "eval.samples_per_task: 2 -> 4", "limits.context_strategy: 'summarize' -> 'truncate'"]
+    other = tmp_path / "other.jsonl"  # `carl train --branch-from` with its own held-out tasks
+    assert warm_eval_changes(first, load_config(TrainConfig, None, [f"eval_tasks={other}"])) == [
+        f"eval_tasks: {str((first / 'micro' / 'eval.jsonl').resolve())!r} -> {str(other)!r}"]
+    learning.branch_from(first, arm, reevaluate=True)
+    assert not (arm / "eval" / "step000000.json").exists()  # made again by the branch, under its settings
+    assert _phase(arm / "checkpoints" / "step_000000") == ("rl", [])
+    steps = [json.loads(line)["step"] for line in (arm / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [-1]  # the first arm's warm-start eval row is not the branch's
+
+
 def _phase(ckpt: Path) -> tuple[str, list[str]]:
     state = torch.load(ckpt / "trainer.pt", weights_only=False)["trainer_state"]
     return state["phase"], sorted(state["reports"])

@@ -85,6 +85,16 @@ def test_rl_steps_0_is_a_warm_start_evaluated_once_and_a_branch_of_it_trains(tmp
     assert carl(["train", str(run / "config.toml"), f"run_dir={branch}", "rl.steps=1", "--branch-from", f"{run}:0"]) == 0
     assert set(json.loads((branch / "report.json").read_text())) == {"warm_start", "rl"}
     assert "RL - warm start on 1 held-out tasks" in capsys.readouterr().out
+    # a branch with other eval settings evaluates the warm start again under its own, once
+    again = tmp_path / "reeval"
+    assert carl(["train", str(run / "config.toml"), f"run_dir={again}", "eval.samples_per_task=2",
+                 "--branch-from", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "evaluated again" in out and "eval.samples_per_task: 1 -> 2" in out
+    assert [t["n"] for t in json.loads((again / "eval" / "step000000.json").read_text())["tasks"]] == [2]
+    rows = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0]
+    assert json.loads((again / "report.json").read_text())["warm_start"]["k"] == 2
 
 
 def test_rl_tasks_without_tasks_is_a_config_error(tmp_path, one_task):

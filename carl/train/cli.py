@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = _load(config_path, overrides)
     run_dir = Path(cfg.run_dir)
     if args.branch_from:
-        from carl.train.state import branch_run, branch_task_files
+        from carl.train.state import branch_run, branch_task_files, warm_eval_changes
 
         source, _, step = args.branch_from.partition(":")
         if not step.isdigit() and step:
@@ -41,7 +41,14 @@ def run(args: argparse.Namespace) -> int:
         given = {o.split("=", 1)[0] for o in overrides}
         files = [f"{k}={v}" for k, v in branch_task_files(source_dir).items() if k not in given]
         cfg = _load(config_path, files + overrides)
-        branch_run(source_dir, int(step or 0), run_dir)
+        changes = warm_eval_changes(source_dir, cfg)
+        if changes and int(step or 0) == 0:
+            print(f"--branch-from: the warm start is evaluated again, as its eval settings differ from "
+                  f"{source}'s: {'; '.join(changes)}")
+        elif changes:
+            print(f"--branch-from: warning: the warm-start eval copied from {source} was made with other eval "
+                  f"settings than this run's ({'; '.join(changes)}); RL - warm start compares across them")
+        branch_run(source_dir, int(step or 0), run_dir, reevaluate=bool(changes) and int(step or 0) == 0)
     if args.extend:
         from carl.train.state import extend_run
 

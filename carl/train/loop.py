@@ -121,7 +121,8 @@ def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunPr
             sync_metrics = sync_weights(store, policy, trainer, state.rl_step)
             console.print(f"engine: {cfg.engine.kind} at weights version {state.rl_step} "
                           f"({sync_metrics['sync/bytes'] / 1e6:.1f} MB, {sync_metrics['sync/apply_s']:.2f} s)")
-            if state.phase == "warm_start":
+            if state.phase == "warm_start" or (state.rl_step == 0 and "warm_start" not in state.reports):
+                # (the second: a branch whose eval settings differ from its source's, carl.train.state.branch_run)
                 state.reports["warm_start"] = run_eval("warm start", policy, cfg, eval_tasks, tools, progress, log, 0)
                 state.phase = "rl"
                 checkpoint(0)

@@ -88,11 +88,14 @@ def extend_run(run_dir: Path, steps: int) -> int | None:
     return step
 
 
-def branch_run(source: Path, step: int, run_dir: Path) -> None:
+def branch_run(source: Path, step: int, run_dir: Path, reevaluate: bool = False) -> None:
     """Start `run_dir` at checkpoint `step` of the run in `source`, as its RL phase: the checkpoint
     (model, optimizer, RNG), the metrics rows and eval reports up to it. Task files are the
     caller's (`branch_task_files`). Does nothing when `run_dir` already has a checkpoint (a
-    resumed branch)."""
+    resumed branch). `reevaluate` (step 0 only): leave the warm-start eval behind, so the branch
+    makes its own before RL (`warm_eval_changes` says when a branch needs that)."""
+    if reevaluate and step != 0:
+        raise UserError(f"--branch-from: step {step}: only a branch from step 0 can evaluate its warm start again")
     from carl.train.checkpoint import load_state, save_state
 
     src = source / "checkpoints" / f"step_{step:06d}"
@@ -110,16 +113,19 @@ def branch_run(source: Path, step: int, run_dir: Path) -> None:
     if state.phase == "warm_start":
         raise UserError(f"--branch-from: {src} is mid warm start; branch from a checkpoint after it")
     state.reopen_rl()
+    if reevaluate:
+        state.reports.pop("warm_start", None)
     rows = [r for r in read_jsonl(source / "metrics.jsonl") if r["step"] <= step] \
         if (source / "metrics.jsonl").exists() else []
-    rows = [r for r in rows if not (r["step"] == step and step > 0 and all(
+    drop_eval = step > 0 or reevaluate  # the eval at the branch point is the branch's own to make (or not)
+    rows = [r for r in rows if not (r["step"] == step and drop_eval and all(
         k == "step" or k.startswith("eval/") for k in r))]
     from carl.io import atomic_write_jsonl
 
     atomic_write_jsonl(run_dir / "metrics.jsonl", rows)
     state.metrics_rows = len(rows)
     for report in (source / "eval").glob("step*.json") if (source / "eval").exists() else []:
-        if int(report.stem.removeprefix("step")) <= step and (step == 0 or report.stem != f"step{step:06d}"):
+        if int(report.stem.removeprefix("step")) <= step and not (drop_eval and report.stem == f"step{step:06d}"):
             (run_dir / "eval").mkdir(parents=True, exist_ok=True)
             shutil.copy2(report, run_dir / "eval" / report.name)
     save_state(tmp, state)
@@ -145,3 +151,32 @@ def branch_task_files(source: Path) -> dict[str, str]:
     if missing:
         raise UserError(f"--branch-from: {source}'s micro world is incomplete (missing {missing})")
     return {k: str(p.resolve()) for k, p in files.items()}
+
+
+EVAL_SETTINGS = ("limits", "eval", "rollout.top_p")  # what an eval's outcomes depend on, with weights and tasks
+
+
+def warm_eval_changes(source: Path, cfg: Any) -> list[str]:
+    """The settings an eval depends on that a branch of `source` changes, as `key: old -> new`: its
+    warm-start eval, made under the source's settings, does not measure the branch's starting point
+    under its own (a branch with limits.context_strategy=truncate evaluated with summaries)."""
+    import tomllib
+
+    from carl.config import load_config, to_toml
+    from carl.train.config import TrainConfig
+
+    source_cfg = load_config(TrainConfig, source / "config.toml")  # defaults and renamed keys as `cfg` has them
+    old, new = (_flatten(tomllib.loads(to_toml(c))) for c in (source_cfg, cfg))
+    changes = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+               if any(k == s or k.startswith(s + ".") for s in EVAL_SETTINGS) and old.get(k) != new.get(k)]
+    tasks = Path(branch_task_files(source)["eval_tasks"]).resolve()
+    if cfg.eval_tasks and Path(cfg.eval_tasks).resolve() != tasks:
+        changes.append(f"eval_tasks: {str(tasks)!r} -> {cfg.eval_tasks!r}")
+    return changes
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out |= _flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
