@@ -123,8 +123,10 @@ def grade_all(tasks: list[TaskRecord], predictions: Mapping[str, Prediction], co
 
     results = dict(done or {})
     todo = [i for i, t in enumerate(tasks) if t.instance_id not in results]
-    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1)))
+    pool = None
     if submit is None:
+        pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1)))
+
         def submit(i: int) -> Future:
             return pool.submit(grade_prediction, tasks[i], predictions.get(tasks[i].instance_id), config)
     try:
@@ -136,7 +138,8 @@ def grade_all(tasks: list[TaskRecord], predictions: Mapping[str, Prediction], co
             if on_graded is not None:
                 on_graded(graded)
     finally:  # interrupted: grades in flight finish (their sandboxes close), queued ones never start
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:  # (Ray's submit: the caller's pool)
+            pool.shutdown(wait=True, cancel_futures=True)
     return [results[t.instance_id] for t in tasks]
 
 
