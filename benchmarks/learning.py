@@ -6,6 +6,7 @@ GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
     .venv/bin/python benchmarks/learning.py --seeds 0 --arms grpo rl.steps=2   # a quick look
     .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 --report-only     # summarize, train nothing
     .venv/bin/python benchmarks/learning.py --seeds 2 3 --jobs 2   # two seeds at once, one process each
+    .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 --report-only --keep docs/results/...  # keep the data
 
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
@@ -87,6 +88,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="seeds trained at once, one process each, logging to <out>/seed<N>.log "
                              "(a CPU run peaks near 8 GiB: 2 fit in 24 GiB, 3 did not)")
+    parser.add_argument("--keep", metavar="DIR", default=None,
+                        help="also copy what the summary is computed from (each run's report, eval reports with "
+                             "every sample's outcome, metrics, config) and learning.json/.png to DIR, laid out "
+                             "as --out, so that `--report-only --out DIR` recomputes it (docs/results/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = parser.parse_args()
     if args.jobs < 1:
@@ -128,6 +133,28 @@ def main() -> None:
     (Path(args.out) / "learning.json").write_text(json.dumps(
         {"runs": results, "over_seeds": {arm: over_seeds(rows) for arm, rows in results.items()}}, indent=2))
     plot(results, Path(args.out) / "learning.png")
+    if args.keep:
+        keep(Path(args.out), Path(args.keep), [f"seed{r['seed']}_{arm}" for arm, rows in results.items() for r in rows])
+
+
+KEPT = ("config.toml", "report.json", "metrics.jsonl", "eval/step*.json")  # what run_result reads, and the config
+
+
+def keep(out: Path, dest: Path, runs: list[str]) -> None:
+    """Copy the files the summary came from to `dest`, in --out's layout (learning.py --report-only reads it)."""
+    import shutil
+
+    for name in runs:
+        for pattern in KEPT:
+            for src in sorted((out / name).glob(pattern)):
+                target = dest / name / src.relative_to(out / name)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target)
+    if dest.resolve() != out.resolve():
+        for name in ("learning.json", "learning.png"):
+            shutil.copy2(out / name, dest / name)
+    print(f"kept: {dest} ({len(runs)} runs; `learning.py --report-only --out {dest} --seeds ... --arms ...` "
+          f"recomputes the summary)")
 
 
 def run_seeds_apart(args: argparse.Namespace) -> list[int]:
@@ -352,7 +379,8 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
             ax.plot([0, 1], [r["warm"], r["rl"]], marker="o", color=f"C{i}", alpha=0.8,
                     label=arm if r is rows[0] else None)
         xs = [seeds.index(r["seed"]) + (i - (len(results) - 1) / 2) * width for r in rows]
-        bx.bar(xs, [r["rl"] - r["warm"] for r in rows], width, color=f"C{i}", label=arm)
+        bx.bar(xs, [r["rl"] - r["warm"] for r in rows], width, color=f"C{i}", label=arm,  # ± 2 paired s.e.
+               yerr=[2 * r.get("paired_se", math.nan) for r in rows], capsize=3)
     ax.set_xticks([0, 1], ["warm start", "after RL"])
     ax.set_ylabel("held-out pass@1")
     ax.set_title("one line per seed")
@@ -360,7 +388,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     bx.axhline(0, color="black", linewidth=0.8)
     bx.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
     bx.set_ylabel("after RL - warm start")
-    bx.set_title("arms of a seed start from the same warm start")
+    bx.set_title("RL - warm start, ± 2 paired s.e.")
     bx.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

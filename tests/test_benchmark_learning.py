@@ -210,3 +210,24 @@ def test_run_seeds_apart_runs_one_process_per_seed_with_its_own_log_and_reports_
     for seed in (0, 1, 2):
         argv = json.loads((tmp_path / "out" / f"seed{seed}.log").read_text().splitlines()[0])
         assert argv == ["--seeds", str(seed), "--arms", "grpo", "--out", str(tmp_path / "out"), "rl.steps=2"]
+
+
+def test_keep_copies_what_the_summary_reads_and_no_checkpoint(tmp_path):
+    out, dest = tmp_path / "out", tmp_path / "kept"
+    run = out / "seed3_grpo"
+    _outcomes_report(run / "eval" / "step000000.json", {"a": "00", "b": "10"})
+    _outcomes_report(run / "eval" / "step000005.json", {"a": "11", "b": "10"})
+    rl = {"rl/reward_mean": 0.5, "rl/pass_rate": 0.5, "rl/generated_tokens_per_episode": 100.0,
+          "rl/tool_error_rate": 0.1}
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, **rl}) + "\n")
+    (run / "report.json").write_text(json.dumps({"warm_start": {"pass@1": 0.25}, "rl": {"pass@1": 0.75}}))
+    (run / "config.toml").write_text("seed = 3\n")
+    (run / "checkpoints" / "step_000000").mkdir(parents=True)
+    (run / "checkpoints" / "step_000000" / "trainer.pt").write_text("weights")
+    (out / "learning.json").write_text("{}")
+    (out / "learning.png").write_text("png")
+    learning.keep(out, dest, ["seed3_grpo"])
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "learning.json", "learning.png", "seed3_grpo/config.toml", "seed3_grpo/eval/step000000.json",
+        "seed3_grpo/eval/step000005.json", "seed3_grpo/metrics.jsonl", "seed3_grpo/report.json"]
+    assert learning.run_result(dest / "seed3_grpo", 3) == learning.run_result(run, 3)  # the summary's input, kept
