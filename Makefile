@@ -27,4 +27,4 @@ demo: install
 	$(VENV)/bin/carl train
 
 test: install
-	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q
+	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=15
