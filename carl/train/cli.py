@@ -55,9 +55,6 @@ def run(args: argparse.Namespace) -> int:
         at = extend_run(run_dir, cfg.rl.steps)
         print(f"{run_dir}: already ran rl.steps={cfg.rl.steps}" if at is None
               else f"{run_dir}: RL goes on from step {at} to {cfg.rl.steps}")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a bar per weights load and save, dozens a run: the run's own line says more
     train(cfg)
     return 0
 

@@ -63,6 +63,9 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         follow(Trainer(cfg, resolve_model_path(cfg.model.path)))
         return {}
     console = console or Console()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per weights load and save, dozens a run: the run's own line says more
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.toml")
