@@ -1,6 +1,6 @@
-"""The `carl` command. Each command group lives next to its component in a `cli.py` that
-defines `register(subparsers)`; those modules import nothing heavy at module level, so
-`carl --help` stays fast and torch is only imported by the commands that train.
+"""The `carl` command. Each command group is a module of carl/commands that defines
+`register(subparsers)`; those modules import nothing heavy at module level, so `carl --help`
+stays fast and torch is only imported by the commands that train.
 
     carl demo                  the main job on the embedded default
     carl sandbox run ...       one command in a fresh sandbox
@@ -25,17 +25,17 @@ import sys
 
 # command group -> module that registers it. Modules missing from a partial install are skipped.
 GROUPS = {
-    "demo": "carl.micro.cli",
-    "sandbox": "carl.sandbox.cli",
-    "env": "carl.sandbox.server_cli",
-    "agent": "carl.harness.cli",
-    "tasks": "carl.tasks.cli",
-    "train": "carl.train.cli",
-    "eval": "carl.eval.cli",
-    "bench": "carl.eval.bench_cli",
-    "engine": "carl.engine.cli",
-    "serve/online": "carl.online.cli",  # registers both commands
-    "midtrain": "carl.midtrain.cli",
+    "demo": "carl.commands.demo",
+    "sandbox": "carl.commands.sandbox",
+    "env": "carl.commands.env",
+    "agent": "carl.commands.agent",
+    "tasks": "carl.commands.tasks",
+    "train": "carl.commands.train",
+    "eval": "carl.commands.eval",
+    "bench": "carl.commands.bench",
+    "engine": "carl.commands.engine",
+    "serve/online": "carl.commands.online",  # registers both commands
+    "midtrain": "carl.commands.midtrain",
 }
 
 

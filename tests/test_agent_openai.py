@@ -123,7 +123,7 @@ def test_episode_views_send_seeds_named_by_seed_key_and_turn():
 def test_carl_eval_passes_temperature_and_seed_to_the_endpoint():
     import argparse
 
-    from carl.eval.cli import load_policy
+    from carl.commands.eval import load_policy
 
     p = load_policy(argparse.Namespace(policy="openai:http://127.0.0.1:9/v1#m", temperature=0.7, seed=3))
     assert (p.temperature, p.seed, p.model) == (0.7, 3, "m")

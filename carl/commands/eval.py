@@ -2,7 +2,7 @@
 `carl compare A.json B.json`: two such reports of the same tasks, sample by sample (carl.eval.paired).
 
 The agent's flags and their resolution (`add_agent_args`, `agent_setup`, `load_policy`) are shared
-with `carl bench run`, which scores the same way on a suite (carl.eval.bench_cli)."""
+with `carl bench run`, which scores the same way on a suite (carl.commands.bench)."""
 
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ class PolicyRecipe:
     one, or each Ray actor of `carl bench run --ray`)."""
 
     policy: str = ""
-    """--policy's spec (carl.harness.cli.parse_policy), or "" for a checkpoint."""
+    """--policy's spec (carl.commands.agent.parse_policy), or "" for a checkpoint."""
     temperature: float = 0.0
     seed: int | None = None
     engine: dict[str, Any] | None = None
@@ -222,7 +222,7 @@ class PolicyRecipe:
 
     def build(self) -> Any:
         if self.policy:
-            from carl.harness.cli import parse_policy
+            from carl.commands.agent import parse_policy
 
             return parse_policy(self.policy, temperature=self.temperature, seed=self.seed)
         from transformers.utils import logging as hf_logging
@@ -238,7 +238,7 @@ def policy_recipe(args: argparse.Namespace, run: Any = None) -> PolicyRecipe:
     from carl.errors import UserError
 
     if args.policy:
-        from carl.harness.cli import parse_policy
+        from carl.commands.agent import parse_policy
 
         parse_policy(args.policy, temperature=args.temperature, seed=args.seed)  # a bad spec fails here, once
         return PolicyRecipe(policy=args.policy, temperature=args.temperature, seed=args.seed)

@@ -21,8 +21,8 @@ from carl.sandbox.base import BACKENDS, HOST_BACKENDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from carl.eval.bench_build_cli import build
-    from carl.eval.cli import add_agent_args
+    from carl.commands.bench_build import build
+    from carl.commands.eval import add_agent_args
 
     p = sub.add_parser("bench", help="suites of real-repository tasks; score any agent on them")
     bsub = p.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     from carl.errors import UserError
     from carl.eval.bench import RL_MONITOR, to_sample
     from carl.eval.bench_run import build_run_report, load_partial_samples, render_run_table, run_key
-    from carl.eval.cli import agent_setup, policy_recipe
+    from carl.commands.eval import agent_setup, policy_recipe
     from carl.eval.suite import open_suite
     from carl.io import append_jsonl
     from carl.types import to_jsonable

@@ -1,7 +1,7 @@
 """`carl midtrain [CONFIG.toml] [a.b=value ...]`: continued pretraining on a team's repositories.
 
-Imports nothing heavy at module level (`carl --help` stays fast). Until carl/cli.py registers the
-command, `python -m carl.midtrain.cli CONFIG.toml [a.b=value ...]` runs it the same way.
+Imports nothing heavy at module level (`carl --help` stays fast).
+`python -m carl.commands.midtrain CONFIG.toml [a.b=value ...]` runs it the same way.
 """
 
 from __future__ import annotations
