@@ -49,7 +49,7 @@ from carl.errors import UserError
 from carl.eval.paired import paired_difference
 from carl.eval.seeds import seed_spread
 from carl.train.checkpoint import load_state, save_state
-from carl.train.state import branch_run, extend_run, warm_eval_changes
+from carl.train.state import branch_run, branch_task_files, extend_run, warm_eval_changes
 
 ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
     "grpo": ["rl.sd_weight=0", "shaping.tool_error_cost=0"],
@@ -194,7 +194,7 @@ def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None, reevalu
     `reevaluate`, the branch evaluates the warm start again under its own settings (`eval_changes`)."""
     _require_finished(first)
     branch_run(first, 0, run_dir, reevaluate=reevaluate)
-    files = task_files(first)
+    files = branch_task_files(first)
     if rl_repos is not None:
         files["rl_tasks"] = build_rl_set(first, run_dir, rl_repos)
     return [f"{key}={path}" for key, path in files.items()]
@@ -213,7 +213,7 @@ def eval_changes(first: Path, config: str | None, overrides: list[str]) -> list[
     from carl.train.config import TrainConfig
 
     _require_finished(first)
-    files = [f"{key}={path}" for key, path in task_files(first).items()]
+    files = [f"{key}={path}" for key, path in branch_task_files(first).items()]
     changes = warm_eval_changes(first, load_config(TrainConfig, config, overrides + files))
     if changes:
         print(f"  warm start evaluated again for this arm: {'; '.join(changes)}")
@@ -257,18 +257,6 @@ def _rl_repos(overrides: list[str]) -> int | None:
     """The last `micro.rl_repos=N` among the overrides, if any."""
     values = [o.split("=", 1)[1] for o in overrides if o.startswith("micro.rl_repos=")]
     return int(values[-1]) if values else None
-
-
-def task_files(run_dir: Path) -> dict[str, str]:
-    """The task files a finished run trained and evaluated on: its own micro world, or, for a run
-    that was itself branched, the files its resolved config names."""
-    micro = run_dir / "micro"
-    if not (micro / "warm_start.jsonl").exists() and (run_dir / "config.toml").exists():
-        config = tomllib.loads((run_dir / "config.toml").read_text())
-        if config.get("tasks"):
-            return {key: config[key] for key in ("tasks", "rl_tasks", "eval_tasks")}
-    return {"tasks": str(micro / "warm_start.jsonl"), "rl_tasks": str(micro / "rl.jsonl"),
-            "eval_tasks": str(micro / "eval.jsonl")}
 
 
 def run_result(run_dir: Path, seed: int) -> dict:

@@ -86,6 +86,10 @@ def _finished_run(run_dir: Path, with_eval: bool, phase: str = "rl") -> None:
     _trainer_state(run_dir / "checkpoints" / "step_000000", phase,
                    reports=("warm_start", "rl") if phase == "done" else ("warm_start",))
     (run_dir / "report.json").write_text("{}")
+    (run_dir / "config.toml").write_text("")  # the defaults: tasks from the run's own micro world
+    (run_dir / "micro").mkdir()
+    for name in ("warm_start", "rl", "eval"):
+        (run_dir / "micro" / f"{name}.jsonl").write_text("")
     rows = [{"step": -1, "loss/sft": 1.0}, {"step": 0, "eval/pass@1": 0.25}, {"step": 1, "rl/reward_mean": 0.5}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "rl/rew')
     if with_eval:
@@ -114,9 +118,6 @@ def test_an_arm_with_other_eval_settings_evaluates_the_warm_start_again(tmp_path
     first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_truncate"
     _finished_run(first, with_eval=True)
     save_config(load_config(TrainConfig, None, [f"run_dir={first}"]), first / "config.toml")
-    (first / "micro").mkdir()
-    for split in ("warm_start", "rl", "eval"):
-        (first / "micro" / f"{split}.jsonl").write_text("")
     assert learning.eval_changes(first, None, ["seed=0", "rl.sd_weight=0.5"]) == []  # training settings only
     assert learning.eval_changes(first, None, ["limits.context_strategy=truncate", "eval.samples_per_task=4"]) == [
         "eval.samples_per_task: 2 -> 4", "limits.context_strategy: 'summarize' -> 'truncate'"]

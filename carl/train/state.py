@@ -141,10 +141,8 @@ def branch_task_files(source: Path) -> dict[str, str]:
 
     cfg = load_config(TrainConfig, source / "config.toml")
     if cfg.tasks:
-        files = {"tasks": cfg.tasks, "eval_tasks": cfg.eval_tasks}
-        if cfg.rl_tasks:
-            files["rl_tasks"] = cfg.rl_tasks
-        return files
+        files = {"tasks": cfg.tasks, "rl_tasks": cfg.rl_tasks, "eval_tasks": cfg.eval_tasks}
+        return {k: v for k, v in files.items() if v}
     micro = source / "micro"
     files = {"tasks": micro / "warm_start.jsonl", "rl_tasks": micro / "rl.jsonl", "eval_tasks": micro / "eval.jsonl"}
     missing = [str(p) for p in files.values() if not p.exists()]
