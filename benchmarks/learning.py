@@ -5,7 +5,7 @@ GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
     .venv/bin/python benchmarks/learning.py --seeds 3 4 --arms grpo   # more seeds of the default
     .venv/bin/python benchmarks/learning.py --seeds 0 --arms grpo rl.steps=2   # a quick look
     .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 --report-only     # summarize, train nothing
-    .venv/bin/python benchmarks/learning.py --seeds 2 3 --jobs 2   # two seeds at once, one process each
+    .venv/bin/python benchmarks/learning.py --seeds 2 3 --jobs 2   # two seeds at once (needs ~24 GiB free)
     .venv/bin/python benchmarks/learning.py --seeds 0 1 2 3 --report-only --keep docs/results/...  # keep the data
 
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
@@ -86,8 +86,8 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: summarize the finished runs under --out, skip the others")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="seeds trained at once, one process each, logging to <out>/seed<N>.log "
-                             "(a CPU run peaks near 8 GiB: 2 fit in 24 GiB, 3 did not)")
+                        help="seeds trained at once, one process each, logging to <out>/seed<N>.log; each "
+                             f"needs about {GIB_PER_RUN} GiB of memory (refused when they do not fit)")
     parser.add_argument("--keep", metavar="DIR", default=None,
                         help="also copy what the summary is computed from (each run's report, eval reports with "
                              "every sample's outcome, metrics, config) and learning.json/.png to DIR, laid out "
@@ -97,6 +97,11 @@ def main() -> None:
     if args.jobs < 1:
         parser.error(f"--jobs: got {args.jobs}, expected >= 1")
     if args.jobs > 1 and len(args.seeds) > 1 and not args.report_only:
+        fits = jobs_that_fit(min(args.jobs, len(args.seeds)), available_gib())
+        if fits < min(args.jobs, len(args.seeds)):
+            parser.error(f"--jobs: got {args.jobs}, but {available_gib():.0f} GiB of memory is available and a run "
+                         f"of the embedded default peaks near {GIB_PER_RUN} GiB (trainer and vLLM engine): "
+                         f"expected --jobs {fits} at most here")
         failed = run_seeds_apart(args)
         if failed:
             print(f"seeds {failed} failed; their logs say why; summarizing the finished runs")
@@ -155,6 +160,28 @@ def keep(out: Path, dest: Path, runs: list[str]) -> None:
             shutil.copy2(out / name, dest / name)
     print(f"kept: {dest} ({len(runs)} runs; `learning.py --report-only --out {dest} --seeds ... --arms ...` "
           f"recomputes the summary)")
+
+
+# Peak memory of one run of the embedded default on CPU, measured 2026-12-03 (2-core Xeon, 24 GiB): the
+# trainer process 7.2 GiB RSS and its vLLM server 4.8 GiB (worker, engine core, API server). Two runs at once
+# were OOM-killed there twice, with nothing else running the second time.
+GIB_PER_RUN = 12
+
+
+def available_gib() -> float:
+    """MemAvailable of /proc/meminfo in GiB (inf where there is no /proc/meminfo)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return math.inf
+
+
+def jobs_that_fit(jobs: int, available: float) -> int:
+    """How many of `jobs` runs fit in `available` GiB (at least 1: one run is never refused)."""
+    return max(1, min(jobs, int(available // GIB_PER_RUN)))
 
 
 def run_seeds_apart(args: argparse.Namespace) -> list[int]:

@@ -213,6 +213,20 @@ def test_run_seeds_apart_runs_one_process_per_seed_with_its_own_log_and_reports_
         assert argv == ["--seeds", str(seed), "--arms", "grpo", "--out", str(tmp_path / "out"), "rl.steps=2"]
 
 
+def test_jobs_that_do_not_fit_in_memory_are_refused_naming_the_flag(monkeypatch, capsys):
+    per_run = learning.GIB_PER_RUN
+    assert learning.jobs_that_fit(2, 2 * per_run + 1) == 2
+    assert learning.jobs_that_fit(2, 2 * per_run - 1) == 1 and learning.jobs_that_fit(3, 1.0) == 1
+    monkeypatch.setattr(learning, "available_gib", lambda: 1.5 * per_run)
+    monkeypatch.setattr(learning, "run_seeds_apart", lambda args: pytest.fail("started runs that do not fit"))
+    monkeypatch.setattr("sys.argv", ["learning.py", "--seeds", "2", "3", "--jobs", "2"])
+    with pytest.raises(SystemExit) as exit_:
+        learning.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--jobs: got 2" in err and "expected --jobs 1 at most here" in err, err
+
+
 def test_keep_copies_what_the_summary_reads_and_no_checkpoint(tmp_path):
     out, dest = tmp_path / "out", tmp_path / "kept"
     run = out / "seed3_grpo"
