@@ -66,6 +66,8 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     "grpo+errcost+kl+cover24": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12",
                                 "micro.rl_repos=24", "rollout.group_size=8", "rollout.tasks_per_step=4"],
     "grpo+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0"],
+    # self-distillation on top of the default (grpo+errcost): the one change is rl.sd_weight
+    "grpo+errcost+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0.1"],
     # self-summaries (with --config configs/long-horizon.toml, where episodes reset before their work is
     # done): trained with the episode's advantage, left out of the RL loss, or no summary (truncation)
     "summaries": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.train_summaries=true",
