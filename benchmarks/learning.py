@@ -99,9 +99,10 @@ def main() -> None:
     if args.jobs < 1:
         parser.error(f"--jobs: got {args.jobs}, expected >= 1")
     if args.jobs > 1 and len(args.seeds) > 1 and not args.report_only:
-        fits = jobs_that_fit(min(args.jobs, len(args.seeds)), available_gib())
-        if fits < min(args.jobs, len(args.seeds)):
-            parser.error(f"--jobs: got {args.jobs}, but {available_gib():.0f} GiB of memory is available and a run "
+        wanted, available = min(args.jobs, len(args.seeds)), available_gib()
+        fits = jobs_that_fit(wanted, available)
+        if fits < wanted:
+            parser.error(f"--jobs: got {args.jobs}, but {available:.0f} GiB of memory is available and a run "
                          f"of the embedded default peaks near {GIB_PER_RUN} GiB (trainer and vLLM engine): "
                          f"expected --jobs {fits} at most here")
         failed = run_seeds_apart(args)
