@@ -214,7 +214,7 @@ def test_carl_train_on_a_moe_model_replays_the_vllm_engines_routes(moe_dir, tmp_
     cfg = load_config(TrainConfig, None, [
         f"run_dir={tmp_path / 'run'}", f"model.path={moe_dir}", "model.dtype=bfloat16", "model.trainable_layers=1",
         f"tasks={tasks}", f"eval_tasks={tasks}", "sandbox.backend=local", "engine.kind=vllm", "engine.kv_cache_gb=1",
-        "limits.max_turns=3", "limits.max_new_tokens=200", "limits.max_tokens=40000",
+        "limits.max_turns=3", "limits.max_new_tokens=200", "limits.max_tokens=40000", "limits.stop_on_no_call=true",
         "limits.context_budget_tokens=4096",
         "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0", "warm_start.wrong_edit=0",
         "warm_start.skip_read=1", "rl.steps=1", "rollout.group_size=2", "rollout.tasks_per_step=1",

@@ -7,11 +7,11 @@ import pytest
 import torch
 from rich.console import Console
 from tiny_hf import save_tiny_model
+from tiny_run import one_micro_task, tiny_train_overrides
 
 from carl.config import load_config
 from carl.engine.hf import HFEngine, HFEngineConfig, load_model
 from carl.engine.lora import LoRASpec, adapter_config, adapter_state, attach, is_adapter, write_adapter
-from carl.micro.world import build_micro_tasks
 from carl.train.config import TrainConfig
 from carl.train.loop import train
 
@@ -66,9 +66,7 @@ def test_the_hf_engine_follows_published_adapters(tmp_path):
 
 @pytest.fixture(scope="module")
 def one_task(tmp_path_factory):
-    out = tmp_path_factory.mktemp("micro")
-    build_micro_tasks(out, seed=3, difficulty=1, repos={"warm_start": 1}, max_tasks_per_repo=1, backend="local")
-    return out / "warm_start.jsonl"
+    return one_micro_task(tmp_path_factory.mktemp("micro"))
 
 
 @pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
@@ -78,14 +76,8 @@ def test_carl_train_with_lora_checkpoints_adapters_and_resumes(tmp_path, one_tas
     --extend resumes from it."""
     torch.set_num_threads(1)
     model = save_tiny_model(tmp_path / "tiny")
-    overrides = [
-        f"run_dir={tmp_path / 'run'}", f"model.path={model}", "model.dtype=float32", "model.trainable_layers=0",
-        "model.lora_rank=4", f"tasks={one_task}", f"eval_tasks={one_task}", "sandbox.backend=local", "engine.kind=hf",
-        "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",
-        "limits.context_budget_tokens=20000", "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0",
-        "warm_start.wrong_edit=0", "warm_start.skip_read=1", "rl.steps=1", "rollout.group_size=2",
-        "rollout.tasks_per_step=1", "rollout.max_extra_batches=0", "eval.samples_per_task=1", "rl.lr=1e-2",
-    ]  # fmt: skip
+    overrides = tiny_train_overrides(tmp_path / "run", model, one_task, "model.trainable_layers=0", "model.lora_rank=4",
+                                     "rollout.max_extra_batches=0", "rl.lr=1e-2")
     train(load_config(TrainConfig, None, overrides), Console(quiet=True))
     run = tmp_path / "run"
     for step in ("step_000000", "step_000001"):

@@ -10,43 +10,39 @@ import torch
 from benchmark_modules import load
 from rich.console import Console
 from tiny_hf import save_tiny_model
+from tiny_run import one_micro_task, tiny_train_overrides
 
 from carl.config import ConfigError, load_config
 from carl.micro.generate import package_name
-from carl.micro.world import build_micro_tasks, split_seeds
+from carl.micro.world import split_seeds
 from carl.train.config import TrainConfig
 from carl.train.loop import train
 
 
 @pytest.fixture(scope="module")
 def one_task(tmp_path_factory):
-    out = tmp_path_factory.mktemp("micro")
-    world = build_micro_tasks(out, seed=3, difficulty=1, repos={"warm_start": 1}, max_tasks_per_repo=1,
-                              backend="local")
-    assert len(world["warm_start"]) == 1
-    return out / "warm_start.jsonl"
+    return one_micro_task(tmp_path_factory.mktemp("micro"))
 
 
 def _cfg(tmp_path, one_task, *extra):
     model = save_tiny_model(tmp_path / "tiny")
-    return load_config(TrainConfig, None, [
-        f"run_dir={tmp_path / 'run'}", f"model.path={model}", "model.dtype=float32", "model.trainable_layers=1",
-        f"tasks={one_task}", f"eval_tasks={one_task}", "sandbox.backend=local", "engine.kind=hf",
-        "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",
-        "limits.context_budget_tokens=20000",
-        "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0", "warm_start.wrong_edit=0", "warm_start.skip_read=1",
-        "rl.steps=1", "rollout.group_size=2", "rollout.tasks_per_step=1", "rollout.max_extra_batches=1",
-        "eval.samples_per_task=1", *extra,
-    ])
+    return load_config(TrainConfig, None, tiny_train_overrides(tmp_path / "run", model, one_task, *extra))
 
 
-def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(tmp_path, one_task):
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, one_task):
+    """One finished run (warm start, RL step 1 with a KL reference and the failed-call cost, two
+    evals) for the tests that only read it or branch from it: (config, summary, run_dir)."""
     torch.set_num_threads(1)
-    cfg = _cfg(tmp_path, one_task, "rl.kl_coef=0.1", "shaping.tool_error_cost=0.1")  # the reference loads from step 0
-    summary = train(cfg, Console(quiet=True))
+    tmp = tmp_path_factory.mktemp("finished")
+    cfg = _cfg(tmp, one_task, "rl.kl_coef=0.1", "shaping.tool_error_cost=0.1")  # the reference loads from step 0
+    return cfg, train(cfg, Console(quiet=True)), tmp / "run"
+
+
+def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(finished):
+    cfg, summary, run = finished
     assert set(summary) == {"warm_start", "rl"}
     assert summary["rl"]["num_tasks"] == 1 and summary["rl"]["k"] == 1
-    run = tmp_path / "run"
     assert json.loads((run / "report.json").read_text()) == json.loads(json.dumps(summary))
     ckpts = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
     assert ckpts == ["step_000000", "step_000001"]  # the warm start is pinned
@@ -203,7 +199,7 @@ def test_sigkill_of_the_trainer_mid_rl_resumes_to_one_row_per_step(tmp_path, one
     import sys
     import time
 
-    cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.max_staleness=1")
+    cfg = _cfg(tmp_path, one_task, "rl.steps=4", "rollout.max_staleness=1")
     from carl.config import save_config
 
     save_config(cfg, tmp_path / "cfg.toml")
@@ -211,26 +207,25 @@ def test_sigkill_of_the_trainer_mid_rl_resumes_to_one_row_per_step(tmp_path, one
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = tmp_path / "run" / "checkpoints" / "latest"
+    mid_rl = {f"step_{s:06d}" for s in (1, 2, 3)}  # an RL checkpoint with RL steps still to run
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not (latest.exists() and latest.read_text().strip() == "step_000001"):
-        assert proc.poll() is None, "carl train ended before its first RL checkpoint"
-        time.sleep(0.2)
+    while time.monotonic() < deadline and not (latest.exists() and latest.read_text().strip() in mid_rl):
+        assert proc.poll() is None, "carl train ended before it was killed mid-RL"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3]
-    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 3]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 4]
 
 
-def test_branch_from_and_extend_are_train_options(tmp_path, one_task, capsys):
+def test_branch_from_and_extend_are_train_options(tmp_path, finished, capsys):
     from carl.cli import main
     from carl.config import save_config
 
     torch.set_num_threads(1)
-    cfg = _cfg(tmp_path, one_task)
-    train(cfg, Console(quiet=True))
-    first = tmp_path / "run"
+    cfg, _, first = finished
     save_config(cfg, tmp_path / "cfg.toml")
     branch = tmp_path / "branch"
     args = ["train", str(tmp_path / "cfg.toml"), f"run_dir={branch}", "rl.lr=5e-5", "--branch-from", f"{first}:0"]

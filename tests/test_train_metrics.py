@@ -30,6 +30,13 @@ def test_metrics_jsonl_transcripts_and_png_plots(tmp_path):
     for p in written:
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 1000
     assert not list((tmp_path / "plots").glob(".*tmp*"))  # written atomically
+    # a refresh draws only the plots whose series changed, and any PNG that went missing
+    assert log.plot() == []
+    log.log(3, {"eval/pass@1": 0.5})
+    assert sorted(p.name for p in log.plot()) == ["pass_rate.png", "reward.png"]
+    (tmp_path / "plots" / "loss.png").unlink()
+    (tmp_path / "plots" / ".plots.json").write_text("{torn")
+    assert sorted(p.name for p in log.plot()) == names  # an unreadable record: everything again
 
 
 def test_git_revision_outside_a_checkout(tmp_path):

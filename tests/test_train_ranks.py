@@ -162,24 +162,16 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     import subprocess
 
     from tiny_hf import save_tiny_model
+    from tiny_run import one_micro_task, tiny_train_overrides
 
     from carl.config import load_config, save_config
-    from carl.micro.world import build_micro_tasks
     from carl.train.config import TrainConfig
 
-    world = build_micro_tasks(tmp_path / "micro", seed=3, difficulty=1, repos={"warm_start": 1}, max_tasks_per_repo=1,
-                              backend="local")
-    tasks = tmp_path / "micro" / "warm_start.jsonl"
-    assert world["warm_start"]
+    tasks = one_micro_task(tmp_path / "micro")
     model = save_tiny_model(tmp_path / "tiny")
-    overrides = [f"run_dir={tmp_path / 'run'}", f"model.path={model}", "model.dtype=float32", "model.trainable_layers=0",
-                 f"tasks={tasks}", f"eval_tasks={tasks}", "sandbox.backend=local", "engine.kind=hf",
-                 "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",
-                 "limits.context_budget_tokens=20000", "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0",
-                 "warm_start.wrong_edit=0", "warm_start.skip_read=1",
-                 "rl.steps=2", "rollout.group_size=2", "rollout.tasks_per_step=1", "rollout.max_extra_batches=0",
-                 "eval.samples_per_task=1", "rl.micro_batch_tokens=2000", "rl.kl_coef=0.05", "rl.sd_weight=0.5",
-                 "checkpoint_optimizer=sharded"]
+    overrides = tiny_train_overrides(
+        tmp_path / "run", model, tasks, "model.trainable_layers=0", "rl.steps=2", "rollout.max_extra_batches=0",
+        "rl.micro_batch_tokens=2000", "rl.kl_coef=0.05", "rl.sd_weight=0.5", "checkpoint_optimizer=sharded")
     save_config(load_config(TrainConfig, None, overrides), tmp_path / "cfg.toml")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -13,6 +13,8 @@ TensorBoard is an optional sink when installed (`tensorboard` package).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -100,19 +102,27 @@ class MetricsLog:
 
 def write_plots(rows: list[dict[str, Any]], out_dir: Path, plots: dict[str, list[str]] = PLOTS) -> list[Path]:
     """One PNG per entry of `plots` (file -> metric keys; default: the RL trainer's PLOTS) with the
-    series present in `rows`; returns the files written."""
-    import matplotlib
+    series present in `rows`; returns the files written. A plot whose series are those it was last
+    drawn from (their digest is kept in out_dir/.plots.json) is not drawn again: a run refreshes its
+    plots after every step, and an eval-only plot changes only at evals."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure registry, no GUI backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    digests_path = out_dir / ".plots.json"
+    try:
+        drawn = json.loads(digests_path.read_text())
+    except (OSError, ValueError):  # none yet (or unreadable): draw every plot
+        drawn = {}
     written = []
     for fname, keys in plots.items():
         series = {k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))] for k in keys}
         series = {k: v for k, v in series.items() if v}
         if not series:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        digest = hashlib.sha256(repr(sorted(series.items())).encode()).hexdigest()[:16]
+        if drawn.get(fname) == digest and (out_dir / fname).exists():
+            continue
+        fig = Figure(figsize=(6, 3.5))
+        ax = fig.add_subplot()
         for k, pts in series.items():
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=k)
@@ -120,13 +130,15 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path, plots: dict[str, list
         ax.set_title(fname.removesuffix(".png").replace("_", " "))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig.subplots_adjust(left=0.13, right=0.97, bottom=0.14, top=0.9)  # fixed: a layout pass draws twice
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / f".{fname}.tmp.png"
         fig.savefig(tmp, dpi=90)
-        plt.close(fig)
         tmp.replace(out_dir / fname)
         written.append(out_dir / fname)
+        drawn[fname] = digest
+    if written:
+        atomic_write_json(digests_path, drawn)
     return written
 
 
