@@ -27,4 +27,5 @@ demo: install
 	$(VENV)/bin/carl train
 
 test: install
-	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=15
+	# two workers, one test module each at a time (module fixtures such as a vLLM server stay in one process)
+	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
