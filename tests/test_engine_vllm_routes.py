@@ -202,24 +202,17 @@ def test_carl_train_on_a_moe_model_replays_the_vllm_engines_routes(moe_dir, tmp_
     import json
 
     from rich.console import Console
+    from tiny_run import one_micro_task, tiny_train_overrides
 
     from carl.config import load_config
-    from carl.micro.world import build_micro_tasks
     from carl.train.config import TrainConfig
     from carl.train.loop import train
 
-    build_micro_tasks(tmp_path / "micro", seed=3, difficulty=1, repos={"warm_start": 1}, max_tasks_per_repo=1,
-                      backend="local")
-    tasks = tmp_path / "micro" / "warm_start.jsonl"
-    cfg = load_config(TrainConfig, None, [
-        f"run_dir={tmp_path / 'run'}", f"model.path={moe_dir}", "model.dtype=bfloat16", "model.trainable_layers=1",
-        f"tasks={tasks}", f"eval_tasks={tasks}", "sandbox.backend=local", "engine.kind=vllm", "engine.kv_cache_gb=1",
-        "limits.max_turns=3", "limits.max_new_tokens=200", "limits.max_tokens=40000", "limits.stop_on_no_call=true",
-        "limits.context_budget_tokens=4096",
-        "warm_start.episodes=2", "warm_start.epochs=1", "warm_start.bad_call=0", "warm_start.wrong_edit=0",
-        "warm_start.skip_read=1", "rl.steps=1", "rollout.group_size=2", "rollout.tasks_per_step=1",
-        "rollout.max_extra_batches=0", "eval.samples_per_task=1",
-    ])  # fmt: skip
+    tasks = one_micro_task(tmp_path / "micro")
+    cfg = load_config(TrainConfig, None, tiny_train_overrides(
+        tmp_path / "run", moe_dir, tasks, "model.dtype=bfloat16", "engine.kind=vllm", "engine.kv_cache_gb=1",
+        "limits.max_turns=3", "limits.max_new_tokens=200", "limits.context_budget_tokens=4096",
+        "rollout.max_extra_batches=0"))
     train(cfg, Console(quiet=True))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rl = next(r for r in rows if "rl/reward_mean" in r)
