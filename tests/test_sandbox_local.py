@@ -70,3 +70,16 @@ def test_close_deletes_the_copy(repo):
     workdir = sb.workdir
     sb.close()
     assert not os.path.exists(workdir)
+
+
+def test_host_variables_that_steer_python_or_pytest_stay_outside(repo, monkeypatch):
+    """A PYTEST_ADDOPTS naming a plugin the task's environment lacks made every micro task's suite
+    fail ("usage: pytest.main()") when carl ran under it; a host PYTHONSTARTUP would run host code."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--timeout 5")
+    monkeypatch.setenv("PYTHONSTARTUP", "/host/startup.py")
+    monkeypatch.setenv("CARL_PROBE", "kept")
+    with sandbox(repo, env={"PYTHONHASHSEED": "0"}) as box:
+        names = dict(line.split("=", 1) for line in box.exec("env").stdout.splitlines() if "=" in line)
+    assert "PYTEST_ADDOPTS" not in names and "PYTHONSTARTUP" not in names
+    assert names["CARL_PROBE"] == "kept"  # everything else passes, as before
+    assert names["PYTHONHASHSEED"] == "0" and names["PYTHONPATH"] == box.workdir  # what carl sets still holds

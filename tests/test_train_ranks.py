@@ -176,7 +176,7 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "carl.cli", "train", str(tmp_path / "cfg.toml")]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -187,7 +187,7 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     assert json.loads((run / "report.json").read_text()).keys() == {"warm_start", "rl"}
     # the 2-rank checkpoint trains on on one rank (the same checkpoint format)
     one = [sys.executable, "-m", "carl.cli", "train", str(run / "config.toml"), "rl.steps=3", "--extend"]
-    res = subprocess.run(one, env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(one, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3]

@@ -25,6 +25,17 @@ from carl.sandbox.workspace import Workspace
 
 _warned = False
 
+# Host variables that would change how the sandbox's Python and its test runs behave (a
+# PYTEST_ADDOPTS naming a plugin the task's environment lacks fails every test run; a host
+# PYTHONPATH or PYTHONSTARTUP runs host code): a test's outcome must not depend on the shell
+# that started carl. The isolated backends start from a fixed environment (host.sandbox_env).
+_STEERING_PREFIXES = ("PYTEST_", "PYTHON", "COV_CORE_", "COVERAGE_")
+
+
+def host_env() -> dict[str, str]:
+    """os.environ without the variables that steer Python or pytest."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_STEERING_PREFIXES)}
+
 
 class LocalSandbox:
     """A private temp-dir copy of source_dir; commands run on the host with rlimits and a timeout."""
@@ -56,7 +67,7 @@ class LocalSandbox:
         workdir = self._ws.root / self._ws.directory(cwd)
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
         limits = [f"--as={self.config.memory_mb * 1024 * 1024}", f"--cpu={self.config.cpu_s}", "--core=0"]
-        full_env = dict(os.environ)
+        full_env = host_env()
         if self.config.python_env:
             venv = Path(self.config.python_env)
             full_env["PATH"] = f"{venv / 'bin'}{os.pathsep}{full_env.get('PATH', '')}"
