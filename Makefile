@@ -26,11 +26,5 @@ install: sysdeps $(VENV)/.installed vllm-env
 demo: install
 	$(VENV)/bin/carl train
 
-# One process by default (what CI runs). `make test TEST_WORKERS=2` runs two pytest-xdist workers,
-# one test module each at a time (module fixtures such as a vLLM server stay in one process): about
-# half the time here, but CI's one run that way hung at its last tests, for a cause not found.
-TEST_WORKERS ?= 1
-XDIST := $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
-
 test: install
-	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q $(XDIST) --durations=15
+	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=15
