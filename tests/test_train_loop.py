@@ -10,18 +10,13 @@ import torch
 from benchmark_modules import load
 from rich.console import Console
 from tiny_hf import save_tiny_model
-from tiny_run import one_micro_task, tiny_train_overrides
+from tiny_run import tiny_train_overrides
 
 from carl.config import ConfigError, load_config
 from carl.micro.generate import package_name
 from carl.micro.world import split_seeds
 from carl.train.config import TrainConfig
 from carl.train.loop import train
-
-
-@pytest.fixture(scope="module")
-def one_task(tmp_path_factory):
-    return one_micro_task(tmp_path_factory.mktemp("micro"))
 
 
 def _cfg(tmp_path, one_task, *extra):

@@ -153,7 +153,7 @@ def test_self_distillation_and_kl_on_two_ranks_match_one_rank(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
-def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
+def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(one_task, tmp_path):
     """`torchrun --nproc-per-node 2 -m carl.cli train ...` on CPU (gloo): warm start, RL steps and evals
     with the model sharded over both ranks (and the KL reference, and self-distillation on); its
     checkpoint (the optimizer's state in DCP shards) then resumes on one rank."""
@@ -162,15 +162,14 @@ def test_carl_train_runs_on_two_torchrun_ranks_and_resumes_on_one(tmp_path):
     import subprocess
 
     from tiny_hf import save_tiny_model
-    from tiny_run import one_micro_task, tiny_train_overrides
+    from tiny_run import tiny_train_overrides
 
     from carl.config import load_config, save_config
     from carl.train.config import TrainConfig
 
-    tasks = one_micro_task(tmp_path / "micro")
     model = save_tiny_model(tmp_path / "tiny")
     overrides = tiny_train_overrides(
-        tmp_path / "run", model, tasks, "model.trainable_layers=0", "rl.steps=2", "rollout.max_extra_batches=0",
+        tmp_path / "run", model, one_task, "model.trainable_layers=0", "rl.steps=2", "rollout.max_extra_batches=0",
         "rl.micro_batch_tokens=2000", "rl.kl_coef=0.05", "rl.sd_weight=0.5", "checkpoint_optimizer=sharded")
     save_config(load_config(TrainConfig, None, overrides), tmp_path / "cfg.toml")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
