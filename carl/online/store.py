@@ -47,6 +47,7 @@ import json
 import math
 import re
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -508,10 +509,24 @@ def _sqlite_connect(dbapi_conn, _record) -> None:
     dbapi_conn.isolation_level = None  # the driver's own implicit BEGIN off: _sqlite_begin issues it
     cursor = dbapi_conn.cursor()
     cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-    cursor.execute("PRAGMA journal_mode = WAL")
+    _set_wal_mode(cursor)
     cursor.execute("PRAGMA synchronous = FULL")  # a committed write survives power loss, not just a crash
     cursor.execute("PRAGMA foreign_keys = ON")
     cursor.close()
+
+
+def _set_wal_mode(cursor) -> None:
+    # Connections switching a new database to WAL at once can deadlock on its locks; SQLite then
+    # answers "database is locked" at once, without waiting the busy timeout. Retry up to it.
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _sqlite_begin(conn: Connection) -> None:
