@@ -299,6 +299,8 @@ def run_result(run_dir: Path, seed: int) -> dict:
         "rl": summary["rl"]["pass@1"],
         "rl_train_pass_rate": [r["rl/pass_rate"] for r in rl_rows],
         "rl_batches": sum(r.get("rl/batches", 1) for r in rl_rows),
+        "rl_steps": len(rl_rows),
+        "rl_rollouts": rl_rows[-1].get("rl/rollouts_total"),  # None in runs older than the metric
         "tokens": statistics.mean(r["rl/generated_tokens_per_episode"] for r in rl_rows),
         "tool_errors": statistics.mean(r["rl/tool_error_rate"] for r in rl_rows),
         # held-out episodes that ended with a finish call (None in reports older than the field)
@@ -351,7 +353,14 @@ def over_seeds(rows: list[dict]) -> dict:
             "beyond_2se": sum(r["paired_diff"] > 2 * r["paired_se"] for r in with_se), "with_se": len(with_se),
             "tokens": statistics.mean(r["tokens"] for r in rows),
             "tool_errors": statistics.mean(r["tool_errors"] for r in rows),
-            "rl_batches": statistics.mean(r["rl_batches"] for r in rows)}
+            "rl_batches": statistics.mean(r["rl_batches"] for r in rows),
+            "rl_steps": _mean_or_none(rows, "rl_steps"), "rl_rollouts": _mean_or_none(rows, "rl_rollouts")}
+
+
+def _mean_or_none(rows: list[dict], key: str) -> float | None:
+    """The mean of `key` over rows, or None when a row lacks it (runs older than the metric)."""
+    values = [r.get(key) for r in rows]
+    return None if None in values else statistics.mean(values)
 
 
 def print_summary(results: dict[str, list[dict]]) -> None:
@@ -369,7 +378,9 @@ def print_summary(results: dict[str, list[dict]]) -> None:
                  + ("" if o["with_se"] == n else " (the seeds whose eval reports kept per-sample outcomes)")
                  if o["with_se"] else " (no per-sample outcomes in the eval reports: no paired standard errors)")
               + f"; RL rollouts: {o['tokens']:.0f} tokens/episode, tool-call error rate {o['tool_errors']:.2f}, "
-                f"{o['rl_batches']:.1f} batches")
+                f"{o['rl_batches']:.1f} batches"
+              + "".join(f", {o[key]:.1f} {what}" for key, what in (("rl_steps", "steps"), ("rl_rollouts", "rollouts"))
+                        if o[key] is not None))
 
 
 def print_row(arm: str, r: dict) -> None:

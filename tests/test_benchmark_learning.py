@@ -57,6 +57,10 @@ def test_over_seeds_gives_the_sample_sd_and_t_interval_and_no_pooled_test(capsys
     assert "RL - warm    +0.200 (sd 0.100, 95% CI [-0.048, +0.448], n=3)" in out
     assert "not distinguishable from 0" in out and "by more than 2 paired standard errors 2/3" in out
     assert "sign test" not in out  # no test of task counts pooled over the seeds
+    assert "8.0 batches;" not in out and "8.0 batches\n" in out  # runs without steps or rollouts say neither
+    learning.print_summary({"grpo": [_row(0, 0.2, 0.3, rl_steps=5, rl_rollouts=96),
+                                     _row(1, 0.2, 0.3, rl_steps=4, rl_rollouts=100)]})
+    assert "8.0 batches, 4.5 steps, 98.0 rollouts" in capsys.readouterr().out
     learning.print_row("grpo", rows[1])
     assert "+0.200 ± 0.200 paired s.e." in capsys.readouterr().out  # the per-seed test is fine
 

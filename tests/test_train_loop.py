@@ -132,15 +132,18 @@ def test_a_crash_before_the_rl_checkpoint_resumes_from_step_0_and_logs_the_step_
     assert json.loads((run / "report.json").read_text()) == json.loads(json.dumps(summary))
 
 
-def test_rl_max_wall_s_stops_after_the_step_that_runs_past_it_then_evaluates_and_a_rerun_trains_no_more(
-        tmp_path, one_task):
+@pytest.mark.parametrize("budget", ["rl.max_wall_s=0.001", "rl.max_rollouts=2"])
+def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_rerun_trains_no_more(
+        tmp_path, one_task, budget):
     torch.set_num_threads(1)
-    cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rl.max_wall_s=0.001", "rollout.concurrency=1",
+    cfg = _cfg(tmp_path, one_task, "rl.steps=3", budget, "rollout.concurrency=1",
                "checkpoint_every=5")  # only the stop itself checkpoints step 1
     summary = train(cfg, Console(quiet=True))
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]  # 1 of 3 steps
+    step1 = next(r for r in rows if "rl/reward_mean" in r)
+    assert step1["rl/rollouts_total"] == 2 * step1["rl/batches"]  # groups of 2, one task per batch
     assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000000", "step_000001"]
     assert set(summary) == {"warm_start", "rl"}
@@ -160,8 +163,20 @@ def test_rl_max_wall_s_stops_after_the_step_that_runs_past_it_then_evaluates_and
     assert learning.continue_rl(run, cfg.rl.steps) is None and (run / "report.json").exists()  # ran 3 already
 
 
+def test_budget_spent_names_the_budget_that_ended_rl():
+    from carl.train.loop import budget_spent
+    from carl.train.state import RunState
+
+    both = load_config(TrainConfig, None, ["rl.max_wall_s=60", "rl.max_rollouts=96"])
+    assert budget_spent(both, RunState(rl_rollouts=95), 59.0) == ""
+    assert budget_spent(both, RunState(rl_rollouts=104), 1.0) == "rl.max_rollouts=96 reached (104 rollouts)"
+    assert budget_spent(both, RunState(rl_rollouts=0), 60.0) == "rl.max_wall_s=60 s reached"
+    assert budget_spent(load_config(TrainConfig, None, []), RunState(rl_rollouts=10**6), 1e9) == ""  # 0: no limit
+
+
 @pytest.mark.parametrize("override, field", [("rollout.concurrency=0", "rollout.concurrency"),
-                                             ("rl.max_wall_s=-1", "rl.max_wall_s")])
+                                             ("rl.max_wall_s=-1", "rl.max_wall_s"),
+                                             ("rl.max_rollouts=-4", "rl.max_rollouts")])
 def test_bad_concurrency_or_wall_budget_is_a_config_error_naming_the_field(override, field):
     with pytest.raises(ValueError, match=field):  # the CLI prints it as one "config error" line
         load_config(TrainConfig, None, [override])

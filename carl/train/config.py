@@ -209,6 +209,12 @@ class RLConfig:
     """Stop RL after the first step that ends this many seconds after RL started (or resumed) in
     this process, then evaluate as after the last step; 0 = no limit, run all `steps`. For runs
     with a wall-clock budget: the console and metrics.jsonl say how many steps ran."""
+    max_rollouts: int = 0
+    """Stop RL after the first step at which the run's RL rollouts reach this many (all the trainer
+    took, all-0 batches of dynamic sampling and too-old groups dropped included; counted over the
+    whole run, across resumes and branches), then evaluate as after the last step; 0 = no limit.
+    For arms compared at equal sampling work: dynamic sampling (rollout.max_extra_batches) gives
+    their steps different sizes, so equal steps are not equal rollouts (metrics: rl/rollouts_total)."""
     optimizer: str = "adamw"
     """"adamw", or "muon": Muon on the hidden matrices (ShardedMuon on N trainer ranks) and AdamW on
     embeddings, head, norms and biases (carl.systems.muon, carl.train.ranks)."""
@@ -283,6 +289,8 @@ class RLConfig:
             raise ValueError(f"rl.kl_coef: got {self.kl_coef}, expected >= 0")
         if self.max_wall_s < 0:
             raise ValueError(f"rl.max_wall_s: got {self.max_wall_s}, expected >= 0 (0 = no limit)")
+        if self.max_rollouts < 0:
+            raise ValueError(f"rl.max_rollouts: got {self.max_rollouts}, expected >= 0 (0 = no limit)")
 
 
 @dataclass(frozen=True)

@@ -152,16 +152,21 @@ def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunPr
 def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], policy: Engine, store: WeightStore,
              trainer: Trainer, pad_id: int, limits: EpisodeLimits, tools: dict, log: MetricsLog,
              progress: RunProgress, checkpoint, run_dir: Path) -> None:
-    """RL steps until rl.steps (or rl.max_wall_s), rollouts produced ahead by the orchestrator within
+    """RL steps until rl.steps (or rl.max_wall_s, rl.max_rollouts), rollouts produced ahead by the orchestrator within
     rollout.max_staleness versions (0: synchronous; see carl.rollout.orchestrator)."""
     if state.rl_step >= cfg.rl.steps or state.rl_out_of_time:  # resumed after its last step: no rollout to start
         return
     console = progress.console
+    if cfg.rl.max_rollouts and state.rl_rollouts >= cfg.rl.max_rollouts:  # e.g. --extend without a higher budget
+        console.print(f"RL: no step after step {state.rl_step}: {budget_spent(cfg, state, 0.0)}")
+        return
     token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
     if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
         console.print(f"KL reference: {trainer.load_reference(run_dir / 'checkpoints' / 'step_000000' / 'model')}")
     workers = make_workers(cfg, policy, rl_tasks, limits, tools)
     planned = (cfg.rl.steps - state.rl_step) * cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    if cfg.rl.max_rollouts:
+        planned = max(1, min(planned, cfg.rl.max_rollouts - state.rl_rollouts))
     progress.phase(f"RL step {state.rl_step + 1}/{cfg.rl.steps}", planned, "rollouts")
     submitted = itertools.count(1)
 
@@ -190,11 +195,13 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             metrics.update(sync_weights(store, policy, trainer, step + 1))
             orchestrator.set_version(step + 1)  # rollouts for later steps may start now
             state.rl_step, state.task_pos = step + 1, taken.task_pos
+            state.rl_rollouts += sum(len(g) for g in groups) + taken.dropped * cfg.rollout.group_size
             step_s = time.monotonic() - t0
             metrics.update(rollout_metrics(groups))
             metrics.update(taken.staleness)
             metrics.update(policy.take_metrics())  # the engine over this step's wall time
             metrics.update({"rl/batches": float(taken.batches), "rl/groups_dropped": float(taken.dropped),
+                            "rl/rollouts_total": float(state.rl_rollouts),
                             "time/rollout_wait_s": taken.wait_s, "time/train_s": t_train, "time/step_s": step_s,
                             "time/trainer_idle_frac": taken.wait_s / step_s,
                             "sync/frac_of_step": metrics["sync/total_s"] / step_s})
@@ -206,15 +213,24 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             console.print(f"RL step {step + 1}/{cfg.rl.steps}: reward {metrics['rl/reward_mean']:.2f} "
                           f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
                           f"loss {metrics['loss/total']:+.4f} ({step_s:.0f}s, waited {taken.wait_s:.0f}s for rollouts)")
-            if cfg.rl.max_wall_s and time.monotonic() - rl_start >= cfg.rl.max_wall_s and step + 1 < cfg.rl.steps:
+            spent = budget_spent(cfg, state, time.monotonic() - rl_start)
+            if spent and step + 1 < cfg.rl.steps:
                 state.rl_out_of_time = True  # a resume goes straight to the final eval
-                console.print(f"RL stopped after step {step + 1} of {cfg.rl.steps}: "
-                              f"rl.max_wall_s={cfg.rl.max_wall_s:g} s reached")
+                console.print(f"RL stopped after step {step + 1} of {cfg.rl.steps}: {spent}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl.steps or state.rl_out_of_time:
                 checkpoint(step + 1)
     finally:
         orchestrator.stop()
         workers.close()
+
+
+def budget_spent(cfg: TrainConfig, state: RunState, rl_s: float) -> str:
+    """Which RL budget the run has spent ("" when none): rl.max_wall_s or rl.max_rollouts."""
+    if cfg.rl.max_wall_s and rl_s >= cfg.rl.max_wall_s:
+        return f"rl.max_wall_s={cfg.rl.max_wall_s:g} s reached"
+    if cfg.rl.max_rollouts and state.rl_rollouts >= cfg.rl.max_rollouts:
+        return f"rl.max_rollouts={cfg.rl.max_rollouts} reached ({state.rl_rollouts} rollouts)"
+    return ""
 
 
 def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], limits: EpisodeLimits,

@@ -7,7 +7,9 @@ or branched (`carl train --extend`, `carl train --branch-from`).
     task_pos     next position in the RL task order
     reports      the eval summaries so far ("warm_start", "rl")
     metrics_rows metrics.jsonl rows that belong to the work up to this checkpoint
-    rl_out_of_time  rl.max_wall_s ended RL early: a resume goes straight to the final eval
+    rl_rollouts  RL rollouts sampled so far (rl.max_rollouts counts them)
+    rl_out_of_time  a budget (rl.max_wall_s or rl.max_rollouts) ended RL early: a resume goes
+                 straight to the final eval
 
 Stored in each checkpoint's trainer.pt as a plain dict (`to_dict`), read back with `from_dict`,
 which names an unknown or missing field instead of guessing.
@@ -35,6 +37,7 @@ class RunState:
     task_pos: int = 0
     reports: dict[str, Any] = field(default_factory=dict)
     metrics_rows: int = 0
+    rl_rollouts: int = 0
     rl_out_of_time: bool = False
 
     def __post_init__(self) -> None:
@@ -61,7 +64,7 @@ class RunState:
 
 def extend_run(run_dir: Path, steps: int) -> int | None:
     """Reopen a finished run so that training goes on to `steps` RL steps (also after rl.max_wall_s
-    stopped it); returns the step it continues from, or None when it already ran `steps`. The
+    or rl.max_rollouts stopped it: a rollout budget counts the whole run, so raise it too); returns the step it continues from, or None when it already ran `steps`. The
     after-RL eval (its eval file, its metrics row, report.json) is dropped, to be made again after
     the new steps: copy the run directory first to keep it."""
     from carl.train.checkpoint import latest_checkpoint, load_state, save_state
