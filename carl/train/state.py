@@ -7,7 +7,8 @@ or branched (`carl train --extend`, `carl train --branch-from`).
     task_pos     next position in the RL task order
     reports      the eval summaries so far ("warm_start", "rl")
     metrics_rows metrics.jsonl rows that belong to the work up to this checkpoint
-    rl_rollouts  RL rollouts sampled so far (rl.max_rollouts counts them)
+    rl_rollouts  RL rollouts sampled so far (rl.max_rollouts counts them; 0 in checkpoints older
+                 than the field, which then count from their resume)
     rl_out_of_time  a budget (rl.max_wall_s or rl.max_rollouts) ended RL early: a resume goes
                  straight to the final eval
 
