@@ -167,8 +167,9 @@ def test_concurrent_add_request_gets_distinct_indexes(url):
         store.close()
 
 
-def test_stores_opening_a_new_database_at_once_migrate_it_once(url):
-    start = threading.Barrier(4)
+def _open_at_once(url: str, n: int = 4) -> tuple[list[FeedbackStore], list[BaseException]]:
+    """`n` threads open a FeedbackStore on `url` at the same moment: the stores, and what they raised."""
+    start = threading.Barrier(n)
     stores: list[FeedbackStore] = []
     errors: list[BaseException] = []
 
@@ -176,14 +177,19 @@ def test_stores_opening_a_new_database_at_once_migrate_it_once(url):
         try:
             start.wait()
             stores.append(FeedbackStore(StoreConfig(url=url)))
-        except BaseException as e:  # noqa: BLE001 -- reported below
+        except BaseException as e:  # noqa: BLE001 -- the caller reports it
             errors.append(e)
 
-    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    threads = [threading.Thread(target=open_store) for _ in range(n)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return stores, errors
+
+
+def test_stores_opening_a_new_database_at_once_migrate_it_once(url):
+    stores, errors = _open_at_once(url)
     assert not errors, errors
     assert [store.schema_version() for store in stores] == [len(MIGRATIONS)] * 4
     session_id = stores[0].create_session("alice", "/a", 0)
@@ -199,21 +205,8 @@ def test_new_sqlite_files_opened_by_four_threads_at_once_never_fail_locked(tmp_p
     # locked" without waiting (about 1 round in 12 failed here before the retry): 40 fresh files.
     errors: list[BaseException] = []
     for round_ in range(40):
-        start = threading.Barrier(4)
-        stores: list[FeedbackStore] = []
-
-        def open_store(path=tmp_path / f"round{round_}.db"):
-            try:
-                start.wait()
-                stores.append(FeedbackStore(StoreConfig(url=f"sqlite:///{path}")))
-            except BaseException as e:  # noqa: BLE001 -- reported below
-                errors.append(e)
-
-        threads = [threading.Thread(target=open_store) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        stores, failed = _open_at_once(f"sqlite:///{tmp_path / f'round{round_}.db'}")
+        errors += failed
         for store in stores:
             store.close()
     assert not errors, errors
