@@ -176,7 +176,29 @@ def test_a_segment_without_generated_tokens_is_skipped(tiny_dir):
     for k in without:
         torch.testing.assert_close(deltas[k], without[k])
     only_empty = [token_rollout(*prompt_only, reward=1.0), token_rollout(*prompt_only, reward=0.0)]
-    assert _deltas(tiny_dir, [only_empty])[0] == {"rl/num_sequences": 0.0}
+    assert _deltas(tiny_dir, [only_empty])[0] == {"rl/num_sequences": 0.0, "rl/sequences_without_gradient": 0.0}
+
+
+def test_sequences_without_gradient_are_skipped_and_the_update_stays_the_same(tiny_dir, monkeypatch):
+    from carl.train import step
+
+    groups = [_group([1.0, 0.0, 0.0]), _group([0.0, 0.0, 0.0], seed=10), _group([1.0, 1.0, 1.0], seed=20)]
+    metrics, deltas = _deltas(tiny_dir, groups)
+    assert (metrics["rl/num_sequences"], metrics["rl/sequences_without_gradient"]) == (3, 6)
+    with monkeypatch.context() as m:
+        m.setattr(step, "with_gradient", lambda seqs, cfg: seqs)  # train on all nine, as before the cut
+        every, every_deltas = _deltas(tiny_dir, groups)
+    assert every["rl/num_sequences"] == 9 and every["loss/total"] == pytest.approx(metrics["loss/total"])
+    assert any(d.abs().max() > 0 for d in deltas.values())
+    for k in deltas:
+        torch.testing.assert_close(deltas[k], every_deltas[k], rtol=1e-5, atol=1e-7)
+    # a KL penalty has a gradient everywhere: nothing is skipped
+    seqs = build_sequences(groups, GRPO_ONLY, tiny_tokenizer(), TOOLS)
+    assert step.with_gradient(seqs, dataclasses.replace(GRPO_ONLY, kl_coef=0.1)) == seqs
+    # none with a gradient: the shortest stays, so that the optimizer steps as it did (here: nothing moves)
+    all_equal = [_group([0.0, 0.0], seed=30, n_gen=9), _group([1.0, 1.0], seed=40, n_gen=3)]
+    kept = step.with_gradient(build_sequences(all_equal, GRPO_ONLY, tiny_tokenizer(), TOOLS), GRPO_ONLY)
+    assert [sum(s.generated_mask_T) for s in kept] == [3]
 
 
 def test_expert_episodes_take_one_task_of_each_repo_in_turn():

@@ -73,8 +73,10 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         reference = None
     elif isinstance(reference, torch.nn.Module):
         reference = FullReference(reference)
-    seqs = build_sequences(groups, cfg, tokenizer, valid_tools)
-    metrics: dict[str, float] = {"rl/num_sequences": float(len(seqs))}
+    built = build_sequences(groups, cfg, tokenizer, valid_tools)
+    seqs = with_gradient(built, cfg)
+    metrics: dict[str, float] = {"rl/num_sequences": float(len(seqs)),
+                                 "rl/sequences_without_gradient": float(len(built) - len(seqs))}
     if not seqs:
         return metrics
     teacher = model if teacher is None else teacher
@@ -153,7 +155,8 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     if ranks.world > 1:  # every rank's share of the sums
-        metrics = merge_metrics(ranks.gather({**metrics, "rl/num_sequences": 0.0})) | {"rl/num_sequences": float(len(seqs))}
+        same = {k: metrics[k] for k in ("rl/num_sequences", "rl/sequences_without_gradient")}  # alike on every rank
+        metrics = merge_metrics(ranks.gather({**metrics, **dict.fromkeys(same, 0.0)})) | same
         totals = merge_metrics(ranks.gather(totals))
         mismatch = merge_metrics(ranks.gather(mismatch))
     metrics.update(totals)
@@ -206,6 +209,19 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
                 seqs.append(TrainSequence(seg.token_ids_T, mask_T, seg.logprobs_T, adv,
                                           use_grpo, teachers_by_segment.get(i, []), seg.routing))
     return seqs
+
+
+def with_gradient(seqs: list[TrainSequence], cfg: RLConfig) -> list[TrainSequence]:
+    """The sequences whose loss has a gradient. Without a KL penalty, a sequence with advantage 0 (a
+    group whose rewards were all equal) or outside GRPO, and without self-distillation turns, adds
+    exactly 0 to every gradient: its forward and backward are skipped (in the embedded default a
+    third or more of a step's rollouts; dynamic sampling's all-0 batches are all such). When none
+    has a gradient, the shortest one stays, so that the optimizer still steps on all-zero gradients
+    as it did before this cut (Adam's moments and step count move the same)."""
+    if cfg.kl_coef > 0 or not seqs:
+        return seqs
+    kept = [s for s in seqs if (s.use_grpo and s.advantage != 0) or (cfg.sd_weight > 0 and s.teachers)]
+    return kept or [min(seqs, key=lambda s: len(s.token_ids_T))]
 
 
 def without_last_reply(mask_T: list[bool]) -> list[bool]:
