@@ -152,8 +152,9 @@ def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunPr
 def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], policy: Engine, store: WeightStore,
              trainer: Trainer, pad_id: int, limits: EpisodeLimits, tools: dict, log: MetricsLog,
              progress: RunProgress, checkpoint, run_dir: Path) -> None:
-    """RL steps until rl.steps (or rl.max_wall_s, rl.max_rollouts), rollouts produced ahead by the orchestrator within
-    rollout.max_staleness versions (0: synchronous; see carl.rollout.orchestrator)."""
+    """RL steps until rl.steps (or a budget: rl.max_wall_s, rl.max_rollouts), rollouts produced ahead
+    by the orchestrator within rollout.max_staleness versions (0: synchronous; see
+    carl.rollout.orchestrator)."""
     if state.rl_step >= cfg.rl.steps or state.rl_out_of_time:  # resumed after its last step: no rollout to start
         return
     console = progress.console

@@ -65,9 +65,10 @@ class RunState:
 
 def extend_run(run_dir: Path, steps: int) -> int | None:
     """Reopen a finished run so that training goes on to `steps` RL steps (also after rl.max_wall_s
-    or rl.max_rollouts stopped it: a rollout budget counts the whole run, so raise it too); returns the step it continues from, or None when it already ran `steps`. The
-    after-RL eval (its eval file, its metrics row, report.json) is dropped, to be made again after
-    the new steps: copy the run directory first to keep it."""
+    or rl.max_rollouts stopped it: a rollout budget counts the whole run, so raise it too); returns
+    the step it continues from, or None when it already ran `steps`. The after-RL eval (its eval
+    file, its metrics row, report.json) is dropped, to be made again after the new steps: copy the
+    run directory first to keep it."""
     from carl.train.checkpoint import latest_checkpoint, load_state, save_state
     from carl.io import atomic_write_jsonl
 
