@@ -2,6 +2,7 @@
 warm start -> eval -> RL step -> eval -> report, the pinned warm-start checkpoint, and a rerun
 that resumes from the finished state instead of training again."""
 
+import io
 import json
 import re
 
@@ -151,6 +152,13 @@ def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_
     assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
     # benchmarks/learning.py's continue_rl reopens it: RL trains on to rl.steps and is evaluated again
     learning = load("learning")
+    if budget.startswith("rl.max_rollouts"):  # reopened under the same rollout budget: no step, said why
+        assert learning.continue_rl(run, 3) == 1
+        out = io.StringIO()
+        train(cfg, Console(file=out, width=200))
+        assert "RL: no step after step 1: rl.max_rollouts=2 reached" in out.getvalue()
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]
     cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.concurrency=1", "checkpoint_every=5")
     assert learning.continue_rl(run, cfg.rl.steps) == 1
     assert not (run / "report.json").exists() and not (run / "eval" / "step000001.json").exists()

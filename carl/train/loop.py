@@ -158,8 +158,9 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     if state.rl_step >= cfg.rl.steps or state.rl_out_of_time:  # resumed after its last step: no rollout to start
         return
     console = progress.console
-    if cfg.rl.max_rollouts and state.rl_rollouts >= cfg.rl.max_rollouts:  # e.g. --extend without a higher budget
-        console.print(f"RL: no step after step {state.rl_step}: {budget_spent(cfg, state, 0.0)}")
+    spent = budget_spent(cfg, state, 0.0)  # e.g. --extend without a higher rl.max_rollouts
+    if spent:
+        console.print(f"RL: no step after step {state.rl_step}: {spent}")
         return
     token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
     if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
