@@ -112,6 +112,17 @@ def test_dynamic_sampling_takes_more_batches_until_a_group_has_signal():
     assert got.batches == 2 and len(got.groups) == 2 * T and got.task_pos == 2 * T
 
 
+def test_a_budgets_last_step_draws_no_more_batches_than_the_budget_allows():
+    ep = FakeEpisodes(passed=lambda t, j: False)  # no batch ever has signal
+    orch = _orchestrator(ep, S=0, extra=2)
+    first = orch.take(0, max_batches=2)
+    ep.version = 1
+    orch.set_version(1)  # synchronous: step 1's groups start after the update
+    second = orch.take(1, max_batches=1)
+    orch.stop()
+    assert (first.batches, len(first.groups)) == (2, 2 * T) and (second.batches, len(second.groups)) == (1, T)
+
+
 def test_a_resume_starts_at_its_task_position_and_version():
     ep = FakeEpisodes()
     ep.version = 5

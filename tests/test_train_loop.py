@@ -172,7 +172,7 @@ def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_
 
 
 def test_budget_spent_names_the_budget_that_ended_rl():
-    from carl.train.loop import budget_spent
+    from carl.train.loop import budget_batches, budget_spent
     from carl.train.state import RunState
 
     both = load_config(TrainConfig, None, ["rl.max_wall_s=60", "rl.max_rollouts=96"])
@@ -180,6 +180,9 @@ def test_budget_spent_names_the_budget_that_ended_rl():
     assert budget_spent(both, RunState(rl_rollouts=104), 1.0) == "rl.max_rollouts=96 reached (104 rollouts)"
     assert budget_spent(both, RunState(rl_rollouts=0), 60.0) == "rl.max_wall_s=60 s reached"
     assert budget_spent(load_config(TrainConfig, None, []), RunState(rl_rollouts=10**6), 1e9) == ""  # 0: no limit
+    # batches of 2 tasks x 4: 96 - 80 = 16 rollouts left is 2 batches, 1 left is still 1, no budget None
+    assert [budget_batches(both, RunState(rl_rollouts=n)) for n in (80, 95, 96)] == [2, 1, 1]
+    assert budget_batches(load_config(TrainConfig, None, []), RunState()) is None
 
 
 @pytest.mark.parametrize("override, field", [("rollout.concurrency=0", "rollout.concurrency"),

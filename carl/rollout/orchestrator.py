@@ -88,9 +88,11 @@ class Orchestrator:
             self.version = version
             self._cond.notify_all()
 
-    def take(self, step: int) -> StepGroups:
+    def take(self, step: int, max_batches: int | None = None) -> StepGroups:
         """The groups of trainer step `step`: T groups, or more batches of T until one has signal
-        (at most `max_extra_batches`), none older than S versions (older ones are dropped)."""
+        (at most `max_extra_batches` more, and at most `max_batches` in all: a rollout budget's
+        last step), none older than S versions (older ones are dropped)."""
+        extra = self.max_extra_batches if max_batches is None else min(self.max_extra_batches, max_batches - 1)
         groups: list[Group] = []
         dropped, wait_s, batches = 0, 0.0, 1
         while True:
@@ -113,7 +115,7 @@ class Orchestrator:
                     self._allow(1)
                     continue
                 groups.append(group)
-            if any(has_signal(g.rollouts) for g in groups) or batches > self.max_extra_batches:
+            if any(has_signal(g.rollouts) for g in groups) or batches > extra:
                 break
             batches += 1
             self._allow(self.T)

@@ -214,7 +214,8 @@ class RLConfig:
     took, all-0 batches of dynamic sampling and too-old groups dropped included; counted over the
     whole run, across resumes and branches), then evaluate as after the last step; 0 = no limit.
     For arms compared at equal sampling work: dynamic sampling (rollout.max_extra_batches) gives
-    their steps different sizes, so equal steps are not equal rollouts (metrics: rl/rollouts_total)."""
+    their steps different sizes, so equal steps are not equal rollouts (metrics: rl/rollouts_total).
+    A step draws no more extra batches than the budget has room for (rounded up to a whole batch)."""
     optimizer: str = "adamw"
     """"adamw", or "muon": Muon on the hidden matrices (ShardedMuon on N trainer ranks) and AdamW on
     embeddings, head, norms and biases (carl.systems.muon, carl.train.ranks)."""

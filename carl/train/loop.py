@@ -188,7 +188,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     try:
         while state.rl_step < cfg.rl.steps and not state.rl_out_of_time:
             step, t0 = state.rl_step, time.monotonic()
-            taken = orchestrator.take(step)
+            taken = orchestrator.take(step, budget_batches(cfg, state))
             groups = [g.rollouts for g in taken.groups]
             require_valid([r for g in groups for r in g], f"RL step {step + 1}")
             t_rollout = time.monotonic() - t0
@@ -233,6 +233,15 @@ def budget_spent(cfg: TrainConfig, state: RunState, rl_s: float) -> str:
     if cfg.rl.max_rollouts and state.rl_rollouts >= cfg.rl.max_rollouts:
         return f"rl.max_rollouts={cfg.rl.max_rollouts} reached ({state.rl_rollouts} rollouts)"
     return ""
+
+
+def budget_batches(cfg: TrainConfig, state: RunState) -> int | None:
+    """The most batches the next step may draw within rl.max_rollouts (at least 1; None: no budget),
+    so that dynamic sampling's extra batches do not carry a run past its rollout budget."""
+    if not cfg.rl.max_rollouts:
+        return None
+    per_batch = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    return max(1, -(-(cfg.rl.max_rollouts - state.rl_rollouts) // per_batch))
 
 
 def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], limits: EpisodeLimits,
