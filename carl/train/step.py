@@ -215,7 +215,8 @@ def with_gradient(seqs: list[TrainSequence], cfg: RLConfig) -> list[TrainSequenc
     """The sequences whose loss has a gradient. Without a KL penalty, a sequence with advantage 0 (a
     group whose rewards were all equal) or outside GRPO, and without self-distillation turns, adds
     exactly 0 to every gradient: its forward and backward are skipped (20 of 84 sequences over the 5
-    steps of a 2026-12-03 `make demo`; dynamic sampling's all-0 batches are all such). When none
+    steps of a 2026-12-03 `make demo`, 0 in runs whose failed-call cost set every group's rewards
+    apart). When none
     has a gradient, the shortest one stays, so that the optimizer still steps on all-zero gradients
     as it did before this cut (Adam's moments and step count move the same)."""
     if cfg.kl_coef > 0 or not seqs:
