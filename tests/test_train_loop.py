@@ -185,6 +185,22 @@ def test_budget_spent_names_the_budget_that_ended_rl():
     assert budget_batches(load_config(TrainConfig, None, []), RunState()) is None
 
 
+def test_step_label_bounds_the_steps_left_by_the_rollout_budget():
+    from carl.train.loop import step_label
+    from carl.train.state import RunState
+
+    budget = load_config(TrainConfig, None, ["rl.steps=30", "rl.max_rollouts=64", "rollout.tasks_per_step=2",
+                                             "rollout.group_size=8"])  # 16 rollouts a batch: at most 4 steps
+    assert step_label(budget, RunState(), 1) == "RL step 1/at most 4"
+    # step 1 drew 2 batches (dynamic sampling): 32 left, so at most 2 more steps
+    assert step_label(budget, RunState(rl_step=1, rl_rollouts=32), 2) == "RL step 2/at most 3"
+    assert step_label(budget, RunState(rl_step=3, rl_rollouts=60), 4) == "RL step 4/at most 4"  # 4 left: one batch
+    plain = load_config(TrainConfig, None, ["rl.steps=8"])
+    assert step_label(plain, RunState(rl_step=2), 3) == "RL step 3/8"
+    roomy = load_config(TrainConfig, None, ["rl.steps=3", "rl.max_rollouts=1000"])  # the step count ends RL first
+    assert step_label(roomy, RunState(), 1) == "RL step 1/3"
+
+
 @pytest.mark.parametrize("override, field", [("rollout.concurrency=0", "rollout.concurrency"),
                                              ("rl.max_wall_s=-1", "rl.max_wall_s"),
                                              ("rl.max_rollouts=-4", "rl.max_rollouts")])

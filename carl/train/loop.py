@@ -169,7 +169,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     planned = (cfg.rl.steps - state.rl_step) * cfg.rollout.tasks_per_step * cfg.rollout.group_size
     if cfg.rl.max_rollouts:
         planned = max(1, min(planned, cfg.rl.max_rollouts - state.rl_rollouts))
-    progress.phase(f"RL step {state.rl_step + 1}/{cfg.rl.steps}", planned, "rollouts")
+    progress.phase(step_label(cfg, state, state.rl_step + 1), planned, "rollouts")
     submitted = itertools.count(1)
 
     def submit(task_index: int, sample_index: int, version: int):
@@ -188,6 +188,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     try:
         while state.rl_step < cfg.rl.steps and not state.rl_out_of_time:
             step, t0 = state.rl_step, time.monotonic()
+            label = step_label(cfg, state, step + 1)
             taken = orchestrator.take(step, budget_batches(cfg, state))
             groups = [g.rollouts for g in taken.groups]
             require_valid([r for g in groups for r in g], f"RL step {step + 1}")
@@ -211,8 +212,8 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             best = max((r for g in groups for r in g), key=lambda r: (r.valid, r.reward))
             log.transcript(step + 1, best.task.instance_id, transcript_text(best.trajectory))
             log.plot()
-            progress.describe(f"RL step {min(step + 2, cfg.rl.steps)}/{cfg.rl.steps}")
-            console.print(f"RL step {step + 1}/{cfg.rl.steps}: reward {metrics['rl/reward_mean']:.2f} "
+            progress.describe(step_label(cfg, state, min(step + 2, cfg.rl.steps)))
+            console.print(f"{label}: reward {metrics['rl/reward_mean']:.2f} "
                           f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
                           f"loss {metrics['loss/total']:+.4f} ({step_s:.0f}s, waited {taken.wait_s:.0f}s for rollouts)")
             spent = budget_spent(cfg, state, time.monotonic() - rl_start)
@@ -233,6 +234,17 @@ def budget_spent(cfg: TrainConfig, state: RunState, rl_s: float) -> str:
     if cfg.rl.max_rollouts and state.rl_rollouts >= cfg.rl.max_rollouts:
         return f"rl.max_rollouts={cfg.rl.max_rollouts} reached ({state.rl_rollouts} rollouts)"
     return ""
+
+
+def step_label(cfg: TrainConfig, state: RunState, step: int) -> str:
+    """"RL step 3/8", or under a rollout budget that ends RL sooner, "RL step 3/at most 5": every
+    step takes at least one batch, so the budget leaves at most ceil(left / batch) steps."""
+    last = cfg.rl.steps
+    if cfg.rl.max_rollouts:
+        per_batch = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+        left = max(0, cfg.rl.max_rollouts - state.rl_rollouts)
+        last = min(last, max(step, state.rl_step + -(-left // per_batch)))
+    return f"RL step {step}/{cfg.rl.steps}" if last == cfg.rl.steps else f"RL step {step}/at most {last}"
 
 
 def budget_batches(cfg: TrainConfig, state: RunState) -> int | None:
