@@ -445,6 +445,18 @@ def test_auto_dtype_is_bf16_only_where_the_device_computes_it_natively(monkeypat
         ModelConfig(dtype="fp16")
 
 
+def test_describe_compute_says_when_a_cpu_has_no_native_bf16(monkeypatch):
+    from carl.engine.hf import describe_compute
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert describe_compute("cpu", "float32") == \
+        "compute: cpu, 2 threads, float32 (no native bf16 on this CPU: no AMX or AVX512-BF16)"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert describe_compute("cpu", "bfloat16") == "compute: cpu, 2 threads, bfloat16"
+
+
 def test_sample_tokens_draws_from_the_distribution_and_never_a_zero_probability_id():
     from carl.engine.base import SamplingParams
     from carl.engine.batching import sample_tokens

@@ -53,13 +53,27 @@ def auto_dtype(device: str) -> str:
     falls back to a reference bf16 GEMM: on a 2-core AMD EPYC with AVX2, a 1024x576x1536 matmul ran
     at 1.2 GFLOP/s in bf16 against 46 in fp32 (measured 2026-12-02), and the embedded default's
     warm start ran about 15x slower than on a CPU with AMX."""
+    return "bfloat16" if native_bf16(device) else "float32"
+
+
+def native_bf16(device: str) -> bool:
+    """Whether `device` computes bf16 matmuls natively (see `auto_dtype`)."""
     if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device == "cpu":
-        native = any(getattr(torch.cpu, probe, lambda: False)()
-                     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
-        return "bfloat16" if native else "float32"
-    return "bfloat16"  # other accelerators (mps, xpu) compute in bf16
+        return any(getattr(torch.cpu, probe, lambda: False)()
+                   for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+    return True  # other accelerators (mps, xpu) compute in bf16
+
+
+def describe_compute(device: str, dtype: str) -> str:
+    """One line on what a run computes with, so that a slow machine says why it is slow: e.g.
+    "compute: cpu, 2 threads, float32 (no native bf16 on this CPU: no AMX or AVX512-BF16)"."""
+    where = f"cpu, {torch.get_num_threads()} threads" if device == "cpu" else device
+    if native_bf16(device):
+        return f"compute: {where}, {dtype}"
+    why = "no AMX or AVX512-BF16" if device == "cpu" else "no bf16 support"
+    return f"compute: {where}, {dtype} (no native bf16 on this {device.split(':')[0].upper()}: {why})"
 
 
 @dataclass(frozen=True)

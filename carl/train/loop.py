@@ -38,7 +38,7 @@ from carl.harness.tools import default_tools
 from carl.harness.transcript import transcript_text
 from carl.io import atomic_write_json, atomic_write_text
 from carl.engine.base import Engine, SamplingParams
-from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, pad_token_id
+from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, describe_compute, pad_token_id
 from carl.engine.routing import recorder_for
 from carl.engine.weights import WeightStore
 from carl.micro.expert import ExpertMistakes
@@ -72,6 +72,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     atomic_write_text(run_dir / "git_revision.txt", git_revision(Path(__file__).parent) + "\n")
     log = MetricsLog(run_dir, cfg.tracking)
     seed_everything(cfg.seed)
+    console.print(describe_compute(cfg.model.device, cfg.model.dtype))  # why this machine is as fast as it is
     with RunProgress(console) as progress:
         reports = run_phases(cfg, run_dir, log, progress)
     print_final_report(console, reports, run_dir)
