@@ -239,12 +239,9 @@ def budget_spent(cfg: TrainConfig, state: RunState, rl_s: float) -> str:
 
 def step_label(cfg: TrainConfig, state: RunState, step: int) -> str:
     """"RL step 3/8", or under a rollout budget that ends RL sooner, "RL step 3/at most 5": every
-    step takes at least one batch, so the budget leaves at most ceil(left / batch) steps."""
-    last = cfg.rl.steps
-    if cfg.rl.max_rollouts:
-        per_batch = cfg.rollout.tasks_per_step * cfg.rollout.group_size
-        left = max(0, cfg.rl.max_rollouts - state.rl_rollouts)
-        last = min(last, max(step, state.rl_step + -(-left // per_batch)))
+    step takes at least one batch, so the budget leaves at most `budget_batches` steps."""
+    left = budget_batches(cfg, state)
+    last = cfg.rl.steps if left is None else min(cfg.rl.steps, max(step, state.rl_step + left))
     return f"RL step {step}/{cfg.rl.steps}" if last == cfg.rl.steps else f"RL step {step}/at most {last}"
 
 
