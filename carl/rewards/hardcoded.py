@@ -224,24 +224,76 @@ def _is_known(f: Folded, lines: list[str], known_text: str, known_values: set[Ke
 
 
 def _always_equal(tree: ast.AST, added: set[int]) -> Iterator[int]:
-    """Lines of added `__eq__` methods that return a constant true value (`__ne__`: false): an
-    object that equals whatever a test compares it with."""
+    """Lines of added equality methods with a constant answer (`__eq__` always true, `__ne__` always
+    false): an object that equals whatever a test compares it with. Found however the method is
+    attached: `def __eq__`, `__eq__ = lambda ...` in a class or onto one (`A.__eq__ = ...`),
+    `setattr(A, "__eq__", lambda ...)`, `{"__eq__": lambda ...}` (a namespace for `type()`)."""
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__eq__", "__ne__"):
-            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
-            result = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
-            name, line = node.name, node.lineno
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
-            targets = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in ("__eq__", "__ne__")]
-            if not targets:
-                continue
-            result, name, line = node.value.body, targets[0], node.lineno
-        else:
+        for name, method in _equality_methods(node):
+            end = getattr(node, "end_lineno", None) or node.lineno
+            if added & set(range(node.lineno, end + 1)) and _constant_truth(method) == (name == "__eq__"):
+                yield node.lineno
+
+
+_EQUALITY_METHODS = ("__eq__", "__ne__")
+_SELF_COMPARE = (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)  # x == x is true, x != x false (NaN aside)
+
+
+def _equality_methods(node: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    """(name, function or lambda) of each `__eq__`/`__ne__` that `node` defines or attaches."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in _EQUALITY_METHODS:
+        yield node.name, node
+    elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
+        for target in node.targets:
+            name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)
+            if name in _EQUALITY_METHODS:
+                yield name, node.value
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+          and len(node.args) == 3 and isinstance(node.args[2], ast.Lambda)
+          and isinstance(node.args[1], ast.Constant) and node.args[1].value in _EQUALITY_METHODS):
+        yield node.args[1].value, node.args[2]
+    elif isinstance(node, ast.Dict):
+        for key, value in zip(node.keys, node.values):
+            if isinstance(key, ast.Constant) and key.value in _EQUALITY_METHODS and isinstance(value, ast.Lambda):
+                yield key.value, value
+
+
+def _constant_truth(method: ast.AST) -> bool | None:
+    """The truth value every return of `method` (a function or lambda) gives, or None when it is
+    not one constant: each returned expression folds to a constant (names bound once in the method
+    included) or compares an expression with itself (`other == other`), and a function's last
+    statement is a return (else it may fall off the end with None)."""
+    if isinstance(method, ast.Lambda):
+        results = [method.body]
+    else:
+        if not method.body or not isinstance(method.body[-1], ast.Return):
+            return None
+        results = [r.value for r in _own_returns(method)]
+    env, truths = scope_env(method), set()
+    for expr in results:
+        if expr is None:  # a bare `return`: None
+            truths.add(False)
             continue
-        f = fold(result) if result is not None else None
-        end = getattr(node, "end_lineno", line) or line
-        if f is not None and bool(f.value) == (name == "__eq__") and added & set(range(line, end + 1)):
-            yield line
+        if (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], _SELF_COMPARE)
+                and ast.dump(expr.left) == ast.dump(expr.comparators[0])):
+            truths.add(isinstance(expr.ops[0], (ast.Eq, ast.Is)))
+            continue
+        f = fold(expr, env)
+        if f is None:
+            return None
+        truths.add(bool(f.value))
+    return truths.pop() if len(truths) == 1 else None
+
+
+def _own_returns(function: ast.AST) -> Iterator[ast.Return]:
+    """The return statements of `function` itself, not of functions, lambdas or classes inside it."""
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
 
 
 def _find_def(module: ast.AST | None, qual: list[str]) -> ast.AST | None:
