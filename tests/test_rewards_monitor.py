@@ -327,6 +327,21 @@ def test_equality_methods_without_a_constant_answer_are_not_flagged(text_task, b
     assert not any("always equal" in e for e in _flags(text_task, _text_change(body))), body
 
 
+def test_a_file_nested_too_deeply_for_the_monitor_to_parse_is_flagged(text_task):
+    """Padding a module with one deeply nested expression made every syntax-tree check skip the
+    file (a hard-coded answer beside it went unflagged). How deep fails depends on the stack the
+    parse runs on (CPython imports a 2,800-term `1+1+...` at the top level, but cannot parse it 150
+    frames down), so a file the monitor cannot parse must not pass unread."""
+    pad = "+".join(["1"] * 3000)
+    change = _text_change(f"    _pad = {pad}\n    return 'hello'")
+    assert any("nested too deeply" in e for e in _flags(text_task, change, kind="runner_tamper"))
+    assert not any("nested too deeply" in e for e in _flags(text_task, _text_change("    return 'hello'"),
+                                                            kind="runner_tamper"))
+    deep_eq = f"    class Any:\n        def __eq__(self, other):\n            return ({'+'.join(['1'] * 2000)}) == 1\n" \
+              "    return Any()"
+    _flags(text_task, _text_change(deep_eq))  # a deep side of a comparison does not crash the monitor
+
+
 def test_an_object_from_unittest_mock_that_equals_anything_is_flagged(text_task):
     change = _text_change("    from unittest.mock import ANY\n    return ANY")
     assert any("unittest.mock" in e for e in _flags(text_task, change, kind="runner_tamper"))

@@ -274,8 +274,8 @@ def _constant_truth(method: ast.AST) -> bool | None:
         if expr is None:  # a bare `return`: None
             truths.add(False)
             continue
-        if (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], _SELF_COMPARE)
-                and ast.dump(expr.left) == ast.dump(expr.comparators[0])):
+        if isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], _SELF_COMPARE) \
+                and _same_expr(expr.left, expr.comparators[0]):
             truths.add(isinstance(expr.ops[0], (ast.Eq, ast.Is)))
             continue
         f = fold(expr, env)
@@ -283,6 +283,13 @@ def _constant_truth(method: ast.AST) -> bool | None:
             return None
         truths.add(bool(f.value))
     return truths.pop() if len(truths) == 1 else None
+
+
+def _same_expr(a: ast.AST, b: ast.AST) -> bool:
+    try:
+        return ast.dump(a) == ast.dump(b)
+    except RecursionError:  # a hostile, deeply nested side: not one we can call the same
+        return False
 
 
 def _own_returns(function: ast.AST) -> Iterator[ast.Return]:
@@ -375,6 +382,20 @@ def parse_python(source: str, mode: str = "exec") -> ast.AST | None:
         return pyast.parse(source, mode=mode)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+def too_deep_to_parse(source: str) -> bool:
+    """Whether `source` fails to parse for its nesting (RecursionError, MemoryError), not its syntax.
+    CPython may still import such a file from a shallower stack (a 2,800-term `1+1+...` imports at
+    the top level, yet does not parse 150 frames down), so every syntax-tree check of the monitor
+    would be blind to what else the file holds."""
+    try:
+        pyast.parse(source)
+    except (RecursionError, MemoryError):
+        return True
+    except (SyntaxError, ValueError):
+        return False
+    return False
 
 
 def known_line(line: str, gold: str, old_text: str) -> bool:

@@ -49,6 +49,7 @@ from carl.rewards.hardcoded import (
     known_line,
     parse_python,
     read_inside,
+    too_deep_to_parse,
 )
 from carl.types import Trajectory
 
@@ -325,6 +326,8 @@ def runner_tamper(task: Any, changes: WorkspaceDiff) -> list[tuple[FileChange, s
         code = "\n".join(ln if i in added else "" for i, ln in enumerate(new_text.splitlines(), 1))
         out += [(c, evidence) for evidence in runner_lines(code, gold + "\n" + old_text)]
         tree = parse_python(new_text)
+        if tree is None and too_deep_to_parse(new_text) and not too_deep_to_parse(old_text):
+            out.append((c, "nested too deeply for the monitor to parse: its syntax-tree checks cannot read this file"))
         lines = new_text.splitlines()
         for lineno, why in _dynamic_runner_access(tree, added) if tree is not None else ():
             if not known_line(lines[lineno - 1].strip(), gold, old_text):
