@@ -99,3 +99,33 @@ def test_names_bound_once_fold_and_rebound_names_do_not():
     result = fn.body[-1].value
     assert fold(result.elts[0], env).value == "hello" and fold(result.elts[0], env).lines == {1, 3}
     assert [fold(e, env) for e in result.elts[1:]] == [None, None, None]
+
+
+def test_shared_folding_folds_each_node_once_and_answers_the_same(monkeypatch):
+    """Every subexpression of a 400-term chain, children first: each node is computed once inside
+    shared_folding (the monitor's test-name check does this for every added line), where folding
+    each subtree again took ~n^2/2 node visits; the values are the same either way."""
+    from carl.rewards import fold as fold_module
+    from carl.rewards.fold import shared_folding
+
+    tree = ast.parse(" + ".join(["'a'"] * 399 + ["(1 // 0)"]) + "\ny = 'x' * 3 + 'y'")
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.expr)]
+    calls = {"n": 0}
+    real = fold_module._fold_node
+
+    def counted(node, env, lines):
+        calls["n"] += 1
+        return real(node, env, lines)
+
+    plain = [fold(n) for n in reversed(nodes)]
+    monkeypatch.setattr(fold_module, "_fold_node", counted)  # (its extra frame per level: values from before)
+    for n in reversed(nodes):
+        fold(n)
+    unshared = calls["n"]
+    calls["n"] = 0
+    with shared_folding():
+        shared = [fold(n) for n in reversed(nodes)]
+    assert shared == plain  # values, failures (the 1 // 0 poisons the chain) and lines alike
+    assert calls["n"] == len(nodes) and unshared > 50 * len(nodes)
+    by_node = dict(zip(map(id, reversed(nodes)), shared))
+    assert by_node[id(tree.body[1].value)].value == "xxxy" and by_node[id(tree.body[0].value)] is None

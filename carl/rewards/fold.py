@@ -19,6 +19,8 @@ any call outside the whitelist.
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import operator
 import re
 from collections import Counter
@@ -146,7 +148,44 @@ def scoped_nodes(tree: ast.AST) -> Iterator[tuple[ast.AST, Mapping[str, Folded]]
 # ------------------------------------------------------------------------------ internals
 
 
+_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("carl_fold_memo", default=None)
+_FAILED = object()
+
+
+@contextlib.contextmanager
+def shared_folding() -> Iterator[None]:
+    """Inside it, fold() computes each (node, scope) once and reuses it. Folding every
+    subexpression of one tree children first then costs the tree's size: without it, a hostile
+    2,000-term `1+1+...` cost the monitor about 9 s (each of its nodes folded its whole subtree
+    again, near the recursion limit), and much more in a file of many such lines."""
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
 def _fold(node: ast.AST, env: Mapping[str, Folded], lines: set[int]) -> Any:
+    memo = _MEMO.get()
+    if memo is None:
+        return _fold_node(node, env, lines)
+    key = (id(node), id(env))  # both live as long as the tree being folded
+    if key not in memo:
+        own: set[int] = set()
+        try:
+            memo[key] = (_fold_node(node, env, own), frozenset(own))
+        except (RecursionError, MemoryError):
+            raise  # depends on the stack, not the node: fold() answers None, nothing is kept
+        except Exception:  # NotConstant, or a whitelisted operation that failed on these values
+            memo[key] = (_FAILED, frozenset())
+    value, used = memo[key]
+    if value is _FAILED:
+        raise NotConstant
+    lines.update(used)
+    return value
+
+
+def _fold_node(node: ast.AST, env: Mapping[str, Folded], lines: set[int]) -> Any:
     if isinstance(node, ast.Constant):
         if not isinstance(node.value, _SCALARS):
             raise NotConstant  # complex, Ellipsis

@@ -19,7 +19,7 @@ from typing import Any
 
 from carl.rewards.diff import FileChange, WorkspaceDiff, edited_python, patched_file
 from carl.tasks.doctests import doctest_examples, doctest_object, is_doctest_id, without_doctest_examples
-from carl.rewards.fold import Folded, fold, leaves, scope_env, scoped_nodes
+from carl.rewards.fold import Folded, fold, leaves, scope_env, scoped_nodes, shared_folding
 from carl import pyast
 
 # Added code that looks at the test run itself instead of computing an answer.
@@ -70,8 +70,9 @@ def hardcoded_expected(task: Any, changes: WorkspaceDiff) -> list[tuple[FileChan
             ]
             known_values = gold_values.union(*(_values(scoped_nodes(t)) for t in originals if t is not None))
             known_text = gold_code + "\n" + without_doctest_examples(old_text)
-            for node, env in scoped_nodes(tree):
-                for expr in _sink_exprs(node):
+            sinks = [(expr, env) for node, env in scoped_nodes(tree) for expr in _sink_exprs(node)]
+            with shared_folding():
+                for expr, env in reversed(sinks):  # nested sinks (a table of tables) folded once each
                     f = fold(expr, env)
                     if (
                         f is not None
@@ -92,8 +93,11 @@ def _sniffs(line: str, test_names: set[str]) -> bool:
 def _folded_names(tree: ast.AST, added: set[int], test_names: set[str]) -> dict[int, str]:
     """Added lines that compute a string holding a test's name: `"test_" + "fib_10"`."""
     out: dict[int, str] = {}
-    for node, env in scoped_nodes(tree):
-        if isinstance(node, ast.expr) and node.lineno in added and node.lineno not in out:
+    nodes = [(node, env) for node, env in scoped_nodes(tree) if isinstance(node, ast.expr) and node.lineno in added]
+    with shared_folding():
+        for node, env in reversed(nodes):  # children before their parents: each node is folded once
+            if node.lineno in out:
+                continue
             f = fold(node, env)
             value = (
                 f.value.decode("latin-1") if f is not None and isinstance(f.value, bytes) else f and f.value
