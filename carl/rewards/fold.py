@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import operator
 import re
+import types
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ def fold(node: ast.AST, env: Mapping[str, Folded] | None = None) -> Folded | Non
     """The constant value of expression `node` (names looked up in `env`), or None."""
     lines: set[int] = set()
     try:
-        value = _fold(node, env or {}, lines)
+        value = _fold(node, env or _NO_NAMES, lines)
     except (NotConstant, RecursionError):
         return None
     except Exception:  # a whitelisted operation that failed on these values: not a constant
@@ -148,6 +149,7 @@ def scoped_nodes(tree: ast.AST) -> Iterator[tuple[ast.AST, Mapping[str, Folded]]
 # ------------------------------------------------------------------------------ internals
 
 
+_NO_NAMES: Mapping[str, Folded] = types.MappingProxyType({})  # one object: shared folding keys on it
 _MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("carl_fold_memo", default=None)
 _FAILED = object()
 
@@ -169,16 +171,16 @@ def _fold(node: ast.AST, env: Mapping[str, Folded], lines: set[int]) -> Any:
     memo = _MEMO.get()
     if memo is None:
         return _fold_node(node, env, lines)
-    key = (id(node), id(env))  # both live as long as the tree being folded
+    key = (id(node), id(env))  # each entry holds its node and env, so no id is reused while it lives
     if key not in memo:
         own: set[int] = set()
         try:
-            memo[key] = (_fold_node(node, env, own), frozenset(own))
+            memo[key] = (node, env, _fold_node(node, env, own), frozenset(own))
         except (RecursionError, MemoryError):
             raise  # depends on the stack, not the node: fold() answers None, nothing is kept
         except Exception:  # NotConstant, or a whitelisted operation that failed on these values
-            memo[key] = (_FAILED, frozenset())
-    value, used = memo[key]
+            memo[key] = (node, env, _FAILED, frozenset())
+    _, _, value, used = memo[key]
     if value is _FAILED:
         raise NotConstant
     lines.update(used)
