@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/engine.py --quick            # tiny random model, ~3 min on 2 cores
     .venv/bin/python benchmarks/engine.py                    # SmolLM2-135M, 16 episodes x 5 turns
     .venv/bin/python benchmarks/engine.py --engines vllm     # one engine only
+    .venv/bin/python benchmarks/engine.py --engines vllm,vllm-compiled  # eager vs compiled vLLM
 
 Agent load (as benchmarks/sampler.py): N episode threads share one engine. Each episode runs
 --turns turns: it generates up to a random budget of tokens (no stop ids), waits a "tool" gap
@@ -80,7 +81,8 @@ def main() -> None:
     p.add_argument("--obs-len", type=int, default=120, help="observation ids appended after each turn")
     p.add_argument("--new-tokens", type=int, nargs=2, default=[30, 120], metavar=("LO", "HI"))
     p.add_argument("--gap", type=float, nargs=2, default=[0.5, 2.0], metavar=("LO", "HI"), help="tool seconds")
-    p.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
+    p.add_argument("--engines", default="hf,vllm",
+                   help="comma-separated: hf, vllm, vllm-compiled (engine.enforce_eager=false)")
     p.add_argument("--no-bare", action="store_true", help="skip the bare vLLM baseline")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny random model, 8 episodes x 3 turns")
@@ -92,8 +94,8 @@ def main() -> None:
         args.model, args.episodes, args.turns, args.prompt_len = "tiny", 8, 3, 256
         args.new_tokens, args.obs_len, args.gap = [10, 40], 40, [0.1, 0.4]
     engines = [e for e in args.engines.split(",") if e]
-    if not engines or set(engines) - {"hf", "vllm"}:
-        p.error(f"--engines: got {args.engines!r}, expected a comma-separated subset of hf,vllm")
+    if not engines or set(engines) - {"hf", "vllm", "vllm-compiled"}:
+        p.error(f"--engines: got {args.engines!r}, expected a comma-separated subset of hf,vllm,vllm-compiled")
     if args.new_tokens[0] < 1 or args.new_tokens[1] < args.new_tokens[0]:
         p.error(f"--new-tokens: got {args.new_tokens}, expected 1 <= LO <= HI")
 
@@ -112,7 +114,8 @@ def main() -> None:
             else:
                 from carl.engine.vllm import VLLMEngine
 
-                engine = VLLMEngine(path, Path(tmp) / "weights", EngineConfig(), Path(tmp) / "engine",
+                config = EngineConfig(enforce_eager=name == "vllm")
+                engine = VLLMEngine(path, Path(tmp) / f"weights-{name}", config, Path(tmp) / f"engine-{name}",
                                     max_model_len=max_len, seed=args.seed, sampling=SamplingParams(1.0),
                                     dtype=args.dtype)
             start_s = time.perf_counter() - t0
@@ -212,6 +215,9 @@ def report(out: dict, engines: list[str]) -> None:
     if {"hf", "vllm"} <= set(engines):
         out["ratio_vllm_over_hf"] = out["vllm"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
         print(f"vllm / hf tokens/s = {out['ratio_vllm_over_hf']:.2f}")
+    if {"vllm", "vllm-compiled"} <= set(engines):
+        out["ratio_compiled_over_eager"] = out["vllm-compiled"]["tokens_per_s"] / out["vllm"]["tokens_per_s"]
+        print(f"vllm-compiled / vllm (eager) tokens/s = {out['ratio_compiled_over_eager']:.2f}")
     if "bare_vllm" in out:
         out["ratio_vllm_over_bare"] = out["vllm"]["tokens_per_s"] / out["bare_vllm"]["tokens_per_s"]
         print(f"vllm / bare vllm tokens/s = {out['ratio_vllm_over_bare']:.2f}")
