@@ -201,16 +201,16 @@ def tiny_model(folder: Path) -> Path:
 
 
 def report(out: dict, engines: list[str]) -> None:
-    print(f"\n{'engine':<10} {'tok/s':>8} {'wall s':>8} {'p50 s':>7} {'p90 s':>7} {'busy':>6} {'start s':>8}")
+    print(f"\n{'engine':<14} {'tok/s':>8} {'wall s':>8} {'p50 s':>7} {'p90 s':>7} {'busy':>6} {'start s':>8}")
     for name in engines:
         r = out[name]
-        print(f"{name:<10} {r['tokens_per_s']:>8.1f} {r['wall_s']:>8.1f} {r['turn_latency_p50_s']:>7.2f} "
+        print(f"{name:<14} {r['tokens_per_s']:>8.1f} {r['wall_s']:>8.1f} {r['turn_latency_p50_s']:>7.2f} "
               f"{r['turn_latency_p90_s']:>7.2f} {r['busy_frac']:>6.0%} {r['start_s']:>8.1f}")
     if "error" in out.get("bare_vllm", {}):
         print(f"bare vllm failed: {out.pop('bare_vllm')['error']}")
     if "bare_vllm" in out:
         b = out["bare_vllm"]
-        print(f"{'bare vllm':<10} {b['tokens_per_s']:>8.1f} {b['wall_s']:>8.1f}   (turn-synchronous batches, "
+        print(f"{'bare vllm':<14} {b['tokens_per_s']:>8.1f} {b['wall_s']:>8.1f}   (turn-synchronous batches, "
               "no tool gaps, no HTTP)")
     if {"hf", "vllm"} <= set(engines):
         out["ratio_vllm_over_hf"] = out["vllm"]["tokens_per_s"] / out["hf"]["tokens_per_s"]

@@ -21,6 +21,10 @@
     (d)  rl_step with the KL penalty (rl.kl_coef = 1) and the top --trainable-layers blocks
          trained, the reference sharing the policy's frozen trunk (carl.train.reference)
          against the full start model as reference (and, for scale, the same step without KL)
+    (e)  warm-start epochs (carl.train.warm_start.sft_epoch) with the top --trainable-layers blocks
+         trained: after a first epoch that keeps the frozen trunk's output (TrunkCache), an epoch on
+         the kept states against an epoch that reruns the whole model (the first epoch's cost, as
+         every epoch had before the cache), from the same weights on the same sequences
 
 Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
 (b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
@@ -76,7 +80,7 @@ def main() -> None:
                         "the device computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart")
     p.add_argument("--trainable-layers", type=int, default=6, help="(d) model.trainable_layers")
     p.add_argument("--turns", type=int, default=4, help="(c) turns per episode")
     p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
@@ -99,6 +103,8 @@ def main() -> None:
             results.update(bench_multiturn(path, args, iters))
         if "kl" not in args.skip:
             results.update(bench_kl(path, args, iters))
+        if "warmstart" not in args.skip:
+            results.update(bench_warm_start(path, args, iters))
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -322,6 +328,36 @@ def bench_kl(path: Path, args: argparse.Namespace, iters: int) -> dict[str, floa
     print(f"(d)  rl_step + KL, shared trunk {t_shared:.2f} s, full reference {t_full:.2f} s "
           f"(ratio {t_full / t_shared:.2f}); without KL {t_none:.2f} s "
           f"({args.trainable_layers} of {model.config.num_hidden_layers} blocks trained)")
+    return out
+
+
+def bench_warm_start(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    import random
+
+    from carl.train.warm_start import TrunkCache, sft_epoch
+
+    tokenizer, model = load_model(path, torch.float32, args.device)
+    optimizer = torch.optim.AdamW(set_trainable(model, args.trainable_layers), lr=1e-6)
+    pad_id, compute_dtype = pad_token_id(tokenizer), DTYPES[args.dtype]
+    data = [r for g in synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size) for r in g]
+    data = [replace(r, passed=True, reward=1.0) for r in data]  # warm-start data: solved episodes
+    trunk = TrunkCache(model, args.trainable_layers)
+
+    def epoch(cache):
+        return lambda: sft_epoch(model, optimizer, data, pad_id, batch_size=4, micro_batch_tokens=args.micro_batch_tokens,
+                                 grad_clip=1.0, rng=random.Random(0), compute_dtype=compute_dtype, trunk=cache)
+
+    t0 = time.perf_counter()
+    epoch(trunk)()  # the first epoch: a full pass that keeps the trunk's states
+    t_first = time.perf_counter() - t0
+    if not trunk.enabled:
+        raise SystemExit(f"(e) the trunk cache turned itself off at --trainable-layers {args.trainable_layers}")
+    t_cached, t_full = timed_pair(epoch(trunk), epoch(None), iters, args.device)
+    out = {"warm_start_first_epoch_s": t_first, "warm_start_epoch_cached_s": t_cached,
+           "warm_start_epoch_full_s": t_full, "warm_start_ratio_full_over_cached": t_full / t_cached,
+           "warm_start_trunk_cache_mb": trunk.bytes / 1e6}
+    print(f"(e)  warm-start epoch on the kept trunk states {t_cached:.2f} s, full {t_full:.2f} s "
+          f"(ratio {t_full / t_cached:.2f}; first epoch {t_first:.2f} s, {trunk.bytes / 1e6:.1f} MB kept)")
     return out
 
 

@@ -244,3 +244,89 @@ def test_train_summaries_off_masks_only_the_summary_reply(tiny_dir):
     m_on, _ = _deltas(tiny_dir, [group])
     m_off, _ = _deltas(tiny_dir, [group], cfg=dataclasses.replace(GRPO_ONLY, train_summaries=False))
     assert m_on["grpo/num_tokens"] - m_off["grpo/num_tokens"] == 10
+
+
+def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None):
+    """(per-epoch losses, final weights, calls of the frozen block per epoch, the cache) of a
+    warm start with block 1 of 2 trained, with or without the frozen-trunk cache."""
+    import random
+
+    from carl.train.warm_start import TrunkCache, sft_epoch
+
+    tok = tiny_tokenizer()
+    _, model = load_model(tiny_dir, torch.float32)
+    optimizer = torch.optim.AdamW(set_trainable(model, 1), lr=3e-3)
+    if patch is not None:
+        patch(model)
+    calls = [0]
+    model.model.layers[0].register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    rng = random.Random(0)
+    data = [token_rollout([rng.randrange(3, 300) for _ in range(n)], [t >= n // 2 for t in range(n)], reward=1.0)
+            for n in (18, 25, 31, 40)] + [failed_rollout(tok)]  # 4 sequences to learn, one not
+    trunk = TrunkCache(model, 1) if trunk_cache else None
+    losses, frozen_calls = [], []
+    for e in range(epochs):
+        calls[0] = 0
+        losses.append(sft_epoch(model, optimizer, data, tok.pad_token_id, batch_size=2, micro_batch_tokens=60,
+                                grad_clip=1.0, rng=random.Random(e), trunk=trunk))
+        frozen_calls.append(calls[0])
+    return losses, model.state_dict(), frozen_calls, trunk
+
+
+def test_the_trunk_cache_trains_the_same_weights_without_rerunning_the_frozen_blocks(tiny_dir):
+    losses, weights, calls, _ = _warm_start(tiny_dir, trunk_cache=False)
+    cached_losses, cached_weights, cached_calls, trunk = _warm_start(tiny_dir, trunk_cache=True)
+    assert calls[0] == cached_calls[0] > 1  # epoch 1 runs (and keeps) the trunk, in several micro-batches
+    assert cached_calls[1:] == [0, 0] and calls[1:] == [calls[0]] * 2
+    assert trunk.enabled and len(trunk.hidden) == 4 and trunk.bytes > 0  # the solved rollouts' sequences
+    torch.testing.assert_close(cached_losses, losses, rtol=1e-4, atol=1e-5)
+    for name in weights:
+        torch.testing.assert_close(cached_weights[name], weights[name], rtol=1e-4, atol=1e-5)
+
+
+def test_the_trunk_cache_turns_itself_off_where_the_top_blocks_alone_differ(tiny_dir):
+    """An architecture that treats `inputs_embeds` unlike embedded ids (here: scaled by 2) fails the
+    first micro-batch's check: every pass stays full and the training is unchanged."""
+
+    def scale_inputs_embeds(model):
+        def hook(module, args, kwargs):
+            if kwargs.get("inputs_embeds") is not None:
+                kwargs["inputs_embeds"] = kwargs["inputs_embeds"] * 2
+            return args, kwargs
+
+        model.model.register_forward_pre_hook(hook, with_kwargs=True)
+
+    losses, weights, calls, _ = _warm_start(tiny_dir, trunk_cache=False, epochs=2)
+    got_losses, got_weights, got_calls, trunk = _warm_start(tiny_dir, trunk_cache=True, epochs=2,
+                                                            patch=scale_inputs_embeds)
+    assert not trunk.enabled and trunk.hidden == {} and got_calls == calls
+    torch.testing.assert_close(got_losses, losses)
+    for name in weights:
+        torch.testing.assert_close(got_weights[name], weights[name])
+
+
+def test_the_trainer_keeps_the_trunk_for_the_warm_start_epochs_only(tiny_dir):
+    """Trainer.sft_epoch: the first of several epochs fills the cache, later ones skip the frozen
+    block, and the last one frees it (nothing is held through RL)."""
+    from carl.config import load_config
+    from carl.train.config import TrainConfig
+    from carl.train.trainer import Trainer
+
+    tok = tiny_tokenizer()
+    cfg = load_config(TrainConfig, None, [f"model.path={tiny_dir}", "model.dtype=float32", "model.trainable_layers=1",
+                                          "warm_start.epochs=3"])
+    trainer = Trainer(cfg, tiny_dir)
+    calls = [0]
+    trainer.model.model.layers[0].register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    data = [solved_rollout(tok)]
+    seen = []
+    for epoch in range(3):
+        calls[0] = 0
+        trainer.sft_epoch(data, tok.pad_token_id, epoch)
+        seen.append((calls[0], trainer._trunk is not None and len(trainer._trunk.hidden)))
+    assert seen == [(1, 1), (0, 1), (0, False)]
+    one_epoch = load_config(TrainConfig, None, [f"model.path={tiny_dir}", "model.dtype=float32",
+                                                "model.trainable_layers=1", "warm_start.epochs=1"])
+    trainer = Trainer(one_epoch, tiny_dir)
+    trainer.sft_epoch(data, tok.pad_token_id, 0)  # nothing to reuse the states for: none kept
+    assert trainer._trunk is None

@@ -21,7 +21,8 @@ class EngineConfig:
     """Port of the server carl starts; 0 = a free one."""
     enforce_eager: bool = True
     """Skip vLLM's graph compilation. On the 2-core CPU, compiling cost 87-110 s at every start for
-    61 vs 50 tokens/s eager (measured for the engine issue); on GPUs set false (CUDA graphs)."""
+    61 vs 50 tokens/s eager (measured for the engine issue); on a 2-core AVX2 CPU (fp32) 8.2 vs 7.5
+    tokens/s for 110 s more start-up (docs/engine.md); on GPUs set false (CUDA graphs)."""
     kv_cache_gb: int = 2
     """CPU: GiB for vLLM's KV cache, a whole number (SmolLM2-135M: 93k cached tokens in 2 GiB)."""
     gpu_memory_utilization: float = 0.5

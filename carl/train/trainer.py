@@ -35,7 +35,7 @@ from carl.train.config import TrainConfig
 from carl.train.ranks import Ranks, make_optimizer, shard_model
 from carl.train.state import RunState
 from carl.train.step import rl_step
-from carl.train.warm_start import sft_epoch
+from carl.train.warm_start import TrunkCache, sft_epoch
 
 
 class Trainer:
@@ -64,6 +64,7 @@ class Trainer:
         self.replay = router_replay_for(self.model) if cfg.rl.router_replay else None
         self.reference: Any = None  # the KL anchor (load_reference)
         self._on_batch = None  # rank 0's progress callback of sft_epoch; not sent to other ranks
+        self._trunk: TrunkCache | None = None  # the warm start's frozen-trunk states (carl.train.warm_start)
 
     # ------------------------------------------------------------------ collectives (rank 0 drives)
 
@@ -131,9 +132,16 @@ class Trainer:
     def _sft_epoch(self, data, pad_id, epoch):
         ws = self.cfg.warm_start
         rng = random.Random(self.cfg.seed * 1009 + epoch)
-        return sft_epoch(self.model, self.optimizer, data, pad_id, ws.batch_size, self.cfg.rl.micro_batch_tokens,
-                         self.cfg.rl.grad_clip, rng, on_batch=self._on_batch, compute_dtype=self.compute_dtype,
-                         ranks=self.ranks)
+        layers = self.cfg.model.trainable_layers
+        if self._trunk is None and epoch < ws.epochs - 1 and layers > 0 and self.lora is None and self.ranks.world == 1:
+            self._trunk = TrunkCache(self.model, layers)  # later epochs run only the trained blocks
+        try:
+            return sft_epoch(self.model, self.optimizer, data, pad_id, ws.batch_size, self.cfg.rl.micro_batch_tokens,
+                             self.cfg.rl.grad_clip, rng, on_batch=self._on_batch, compute_dtype=self.compute_dtype,
+                             ranks=self.ranks, trunk=self._trunk)
+        finally:
+            if epoch >= ws.epochs - 1:
+                self._trunk = None  # the last epoch: free the states
 
     def _full_state(self, checkpoint_names=False):
         if self.lora is not None:  # only the adapters travel

@@ -6,13 +6,21 @@
 
 The expert runs through the same `collect_groups` as RL rollouts, so its data has exactly the
 prompt, tools and observations the policy will see.
+
+When only the top N blocks train (`model.trainable_layers`), the embedding and the blocks below
+them never change, so what enters block -N is the same numbers every epoch. `TrunkCache` keeps
+it from the first epoch (a hook, no extra pass), and later epochs run only the top N blocks:
+
+    epoch 1:   ids -> embed -> trunk (frozen) -> h_T_D (kept) -> top N (trained) -> norm -> head
+    epoch 2+:                                     h_T_D (kept) -> top N (trained) -> norm -> head
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -70,11 +78,82 @@ def sft_batches(rollouts: list[Rollout], batch_size: int) -> int:
     return -(-len(sft_sequences(rollouts)) // batch_size)
 
 
+class TrunkCache:
+    """What enters the policy's block -`num_layers` for each warm-start sequence (its frozen
+    trunk's output), kept while the first epoch runs and fed to the top blocks alone after.
+
+    The first micro-batch it keeps is checked: the top blocks on the kept states must give the
+    full pass's log-probs (an architecture that treats `inputs_embeds` differently, e.g. scales
+    them, fails this), else the cache turns itself off and every pass stays full. At most
+    `max_bytes` of states are kept; sequences beyond that take the full pass."""
+
+    def __init__(self, model: Any, num_layers: int, max_bytes: float = 2 * 2**30):
+        self.model, self.num_layers, self.max_bytes = model, num_layers, max_bytes
+        self.hidden: dict[tuple[int, ...], torch.Tensor] = {}  # token ids -> h_T_D
+        self.bytes = 0
+        self.checked = False
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        self.enabled = layers is not None and 0 < num_layers < len(layers)
+
+    def has(self, micro: list[TrainSequence]) -> bool:
+        return self.enabled and all(tuple(s.token_ids_T) in self.hidden for s in micro)
+
+    @contextlib.contextmanager
+    def capture(self, micro: list[TrainSequence]) -> Iterator[None]:
+        """While the full forward pass of `micro` runs inside, keep each row's states entering
+        block -num_layers (its real tokens only: padding differs from batch to batch)."""
+        if not self.enabled or self.bytes >= self.max_bytes:
+            yield
+            return
+
+        def keep(module: Any, args: tuple, kwargs: dict) -> None:
+            h_B_T_D = (args[0] if args else kwargs["hidden_states"]).detach()
+            for b, s in enumerate(micro):
+                if self.bytes < self.max_bytes:
+                    h_T_D = h_B_T_D[b, : len(s.token_ids_T)].clone()
+                    self.hidden[tuple(s.token_ids_T)] = h_T_D
+                    self.bytes += h_T_D.numel() * h_T_D.element_size()
+
+        handle = self.model.model.layers[-self.num_layers].register_forward_pre_hook(keep, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def top_logprobs(self, micro: list[TrainSequence], ids_B_T: torch.Tensor, attn_B_T: torch.Tensor,
+                     mask_B_T: torch.Tensor) -> torch.Tensor:
+        """`sequence_logprobs` of `micro` through the top blocks alone, on the kept states."""
+        rows = [self.hidden[tuple(s.token_ids_T)] for s in micro]
+        h_B_T_D = rows[0].new_zeros((*ids_B_T.shape, rows[0].shape[-1]))
+        for b, h_T_D in enumerate(rows):
+            h_B_T_D[b, : len(h_T_D)] = h_T_D
+        inner = self.model.model
+        layers = inner.layers
+        inner.layers = torch.nn.ModuleList(list(layers[-self.num_layers:]))
+        try:
+            return sequence_logprobs(self.model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T, inputs_embeds_B_T_D=h_B_T_D)
+        finally:
+            inner.layers = layers
+
+    def check(self, micro: list[TrainSequence], ids_B_T: torch.Tensor, attn_B_T: torch.Tensor,
+              mask_B_T: torch.Tensor, full_B_T: torch.Tensor) -> None:
+        """Once, on the first micro-batch kept: the top-only pass must equal the full pass."""
+        if self.checked or not self.has(micro):
+            return
+        self.checked = True
+        with torch.no_grad():
+            top_B_T = self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T)
+        if not torch.allclose(top_B_T, full_B_T.detach(), atol=1e-3, rtol=0):
+            self.enabled, self.hidden, self.bytes = False, {}, 0
+
+
 def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, batch_size: int,
               micro_batch_tokens: int, grad_clip: float, rng: random.Random, on_batch=None,
-              compute_dtype: torch.dtype | None = None, ranks: Ranks = Ranks()) -> list[float]:
+              compute_dtype: torch.dtype | None = None, ranks: Ranks = Ranks(),
+              trunk: TrunkCache | None = None) -> list[float]:
     """One pass over the successful rollouts' segments in random order; returns the batch losses.
-    On N `ranks` each trains its share of every batch's micro-batches (carl.train.ranks)."""
+    On N `ranks` each trains its share of every batch's micro-batches (carl.train.ranks). With a
+    `trunk` cache, micro-batches it holds run the top blocks only and the others fill it."""
     seqs = sft_sequences(rollouts)
     rng.shuffle(seqs)
     losses = []
@@ -91,8 +170,14 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
                 continue
             ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
             mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
-            with autocast(model, compute_dtype):
-                logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
+            if trunk is not None and trunk.has(micro):
+                with autocast(model, compute_dtype):
+                    logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T)
+            else:
+                with autocast(model, compute_dtype), trunk.capture(micro) if trunk else contextlib.nullcontext():
+                    logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
+                    if trunk is not None:
+                        trunk.check(micro, ids_B_T, attn_B_T, mask_B_T, logprobs_B_T)
             loss, m = sft_loss(logprobs_B_T, mask_B_T)
             loss = loss * (m["num_tokens"] / max(total_tokens, 1))  # token-weighted mean over the batch
             (loss * ranks.world).backward()  # FSDP averages gradients over ranks: this makes it their sum
