@@ -84,8 +84,8 @@ class TrunkCache:
 
     The first micro-batch it keeps is checked: the top blocks on the kept states must give the
     full pass's log-probs (an architecture that treats `inputs_embeds` differently, e.g. scales
-    them, fails this), else the cache turns itself off and every pass stays full. At most
-    `max_bytes` of states are kept; sequences beyond that take the full pass."""
+    them, fails this), else the cache turns itself off and every pass stays full. States are kept
+    in host memory, at most `max_bytes` of them; sequences beyond that take the full pass."""
 
     def __init__(self, model: Any, num_layers: int, max_bytes: float = 2 * 2**30):
         self.model, self.num_layers, self.max_bytes = model, num_layers, max_bytes
@@ -110,7 +110,7 @@ class TrunkCache:
             h_B_T_D = (args[0] if args else kwargs["hidden_states"]).detach()
             for b, s in enumerate(micro):
                 if self.bytes < self.max_bytes:
-                    h_T_D = h_B_T_D[b, : len(s.token_ids_T)].clone()
+                    h_T_D = h_B_T_D[b, : len(s.token_ids_T)].to("cpu", copy=True)  # host memory, not a GPU's
                     self.hidden[tuple(s.token_ids_T)] = h_T_D
                     self.bytes += h_T_D.numel() * h_T_D.element_size()
 
@@ -124,9 +124,9 @@ class TrunkCache:
                      mask_B_T: torch.Tensor) -> torch.Tensor:
         """`sequence_logprobs` of `micro` through the top blocks alone, on the kept states."""
         rows = [self.hidden[tuple(s.token_ids_T)] for s in micro]
-        h_B_T_D = rows[0].new_zeros((*ids_B_T.shape, rows[0].shape[-1]))
+        h_B_T_D = torch.zeros((*ids_B_T.shape, rows[0].shape[-1]), dtype=rows[0].dtype, device=ids_B_T.device)
         for b, h_T_D in enumerate(rows):
-            h_B_T_D[b, : len(h_T_D)] = h_T_D
+            h_B_T_D[b, : len(h_T_D)] = h_T_D.to(ids_B_T.device)
         inner = self.model.model
         layers = inner.layers
         inner.layers = torch.nn.ModuleList(list(layers[-self.num_layers:]))
