@@ -330,3 +330,10 @@ def test_the_trainer_keeps_the_trunk_for_the_warm_start_epochs_only(tiny_dir):
     trainer = Trainer(one_epoch, tiny_dir)
     trainer.sft_epoch(data, tok.pad_token_id, 0)  # nothing to reuse the states for: none kept
     assert trainer._trunk is None
+
+
+def test_the_trunk_cache_counts_each_sequence_once(tiny_dir):
+    """The first micro-batch's check and a sequence seen twice keep no second copy."""
+    _, _, _, trunk = _warm_start(tiny_dir, trunk_cache=True, epochs=1)
+    assert trunk.bytes == sum(h.numel() * h.element_size() for h in trunk.hidden.values())
+    assert all(h.device.type == "cpu" for h in trunk.hidden.values())

@@ -109,9 +109,10 @@ class TrunkCache:
         def keep(module: Any, args: tuple, kwargs: dict) -> None:
             h_B_T_D = (args[0] if args else kwargs["hidden_states"]).detach()
             for b, s in enumerate(micro):
-                if self.bytes < self.max_bytes:
-                    h_T_D = h_B_T_D[b, : len(s.token_ids_T)].to("cpu", copy=True)  # host memory, not a GPU's
-                    self.hidden[tuple(s.token_ids_T)] = h_T_D
+                key = tuple(s.token_ids_T)
+                if key not in self.hidden and self.bytes < self.max_bytes:
+                    h_T_D = h_B_T_D[b, : len(key)].to("cpu", copy=True)  # host memory, not a GPU's
+                    self.hidden[key] = h_T_D
                     self.bytes += h_T_D.numel() * h_T_D.element_size()
 
         handle = self.model.model.layers[-self.num_layers].register_forward_pre_hook(keep, with_kwargs=True)
@@ -174,8 +175,9 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
                 with autocast(model, compute_dtype):
                     logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T)
             else:
-                with autocast(model, compute_dtype), trunk.capture(micro) if trunk else contextlib.nullcontext():
-                    logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
+                with autocast(model, compute_dtype):
+                    with trunk.capture(micro) if trunk else contextlib.nullcontext():
+                        logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
                     if trunk is not None:
                         trunk.check(micro, ids_B_T, attn_B_T, mask_B_T, logprobs_B_T)
             loss, m = sft_loss(logprobs_B_T, mask_B_T)
