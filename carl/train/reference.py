@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +63,8 @@ class SharedTrunkReference:
     @contextlib.contextmanager
     def capture(self, policy: Any) -> Iterator[None]:
         """While the policy's forward runs inside, keep what enters its block -num_layers."""
-
-        def keep(module: Any, args: tuple, kwargs: dict) -> None:
-            self._hidden_B_T_D = (args[0] if args else kwargs["hidden_states"]).detach()
-
-        handle = policy.model.layers[-self.num_layers].register_forward_pre_hook(keep, with_kwargs=True)
-        try:
+        with entering_block(policy, -self.num_layers, lambda h_B_T_D: setattr(self, "_hidden_B_T_D", h_B_T_D)):
             yield
-        finally:
-            handle.remove()
 
     def logprobs(self, ids_B_T: torch.Tensor, attn_B_T: torch.Tensor, mask_B_T: torch.Tensor,
                  temperature: float) -> torch.Tensor:
@@ -81,6 +74,21 @@ class SharedTrunkReference:
                                "inside `capture(policy)` first")
         return sequence_logprobs(self.model, ids_B_T, attn_B_T, temperature=temperature, score_mask_B_T=mask_B_T,
                                  inputs_embeds_B_T_D=hidden_B_T_D)
+
+
+@contextlib.contextmanager
+def entering_block(model: Any, index: int, keep: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """While forward passes of `model` run inside, call `keep(h_B_T_D)` with what enters its block
+    `index` (detached): the frozen trunk's output when `index` is the first trained block."""
+
+    def hook(module: Any, args: tuple, kwargs: dict) -> None:
+        keep((args[0] if args else kwargs["hidden_states"]).detach())
+
+    handle = model.model.layers[index].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def load_reference(path: str | Path, policy: Any, trainable_layers: int, device: str = "cpu",

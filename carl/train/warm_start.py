@@ -33,6 +33,7 @@ from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
 from carl.rollout.rollout import Rollout, collect_groups
 from carl.train.ranks import Ranks, idle_micro_batch
+from carl.train.reference import entering_block
 from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
 
 
@@ -106,8 +107,7 @@ class TrunkCache:
             yield
             return
 
-        def keep(module: Any, args: tuple, kwargs: dict) -> None:
-            h_B_T_D = (args[0] if args else kwargs["hidden_states"]).detach()
+        def keep(h_B_T_D: torch.Tensor) -> None:
             for b, s in enumerate(micro):
                 key = tuple(s.token_ids_T)
                 if key not in self.hidden and self.bytes < self.max_bytes:
@@ -115,11 +115,8 @@ class TrunkCache:
                     self.hidden[key] = h_T_D
                     self.bytes += h_T_D.numel() * h_T_D.element_size()
 
-        handle = self.model.model.layers[-self.num_layers].register_forward_pre_hook(keep, with_kwargs=True)
-        try:
+        with entering_block(self.model, -self.num_layers, keep):
             yield
-        finally:
-            handle.remove()
 
     def top_logprobs(self, micro: list[TrainSequence], ids_B_T: torch.Tensor, attn_B_T: torch.Tensor,
                      mask_B_T: torch.Tensor) -> torch.Tensor:
