@@ -25,6 +25,10 @@
          trained: after a first epoch that keeps the frozen trunk's output (TrunkCache), an epoch on
          the kept states against an epoch that reruns the whole model (the first epoch's cost, as
          every epoch had before the cache), from the same weights on the same sequences
+    (f)  rl_step with the top --trainable-layers blocks trained on B rollouts whose first
+         --shared-prompt tokens are the same (the system prompt and tool list every episode starts
+         with), that prompt run once per micro-batch (rl.share_prefix, carl.train.prefix) against
+         once per sequence, from the same weights on the same rollouts
 
 Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
 (b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
@@ -80,10 +84,12 @@ def main() -> None:
                         "the device computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart,prefix")
     p.add_argument("--trainable-layers", type=int, default=6, help="(d) model.trainable_layers")
     p.add_argument("--turns", type=int, default=4, help="(c) turns per episode")
     p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
+    p.add_argument("--shared-prompt", type=int, default=1150,
+                   help="(f) tokens every rollout starts with (the micro world's system + task prompt: about 1,150)")
     p.add_argument("--json", default="", help="also write the results here")
     args = p.parse_args()
     if args.dtype == "auto":
@@ -105,6 +111,8 @@ def main() -> None:
             results.update(bench_kl(path, args, iters))
         if "warmstart" not in args.skip:
             results.update(bench_warm_start(path, args, iters))
+        if "prefix" not in args.skip:
+            results.update(bench_shared_prompt(path, args, iters))
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -358,6 +366,39 @@ def bench_warm_start(path: Path, args: argparse.Namespace, iters: int) -> dict[s
            "warm_start_trunk_cache_mb": trunk.bytes / 1e6}
     print(f"(e)  warm-start epoch on the kept trunk states {t_cached:.2f} s, full {t_full:.2f} s "
           f"(ratio {t_full / t_cached:.2f}; first epoch {t_first:.2f} s, {trunk.bytes / 1e6:.1f} MB kept)")
+    return out
+
+
+def bench_shared_prompt(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    tokenizer, model = load_model(path, torch.float32, args.device)
+    optimizer = torch.optim.AdamW(set_trainable(model, args.trainable_layers), lr=1e-6)
+    pad_id, compute_dtype = pad_token_id(tokenizer), DTYPES[args.dtype]
+    if not 0 < args.shared_prompt < args.seq_len:
+        raise SystemExit(f"--shared-prompt {args.shared_prompt}: expected between 0 and --seq-len {args.seq_len}")
+    prompt = torch.randint(3, model.config.vocab_size, (args.shared_prompt,), generator=torch.Generator().manual_seed(1))
+    groups = synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size)
+    for r in (r for g in groups for r in g):  # every rollout starts with the same prompt, unscored
+        seg = r.trajectory.segments[0]
+        seg.token_ids_T[: args.shared_prompt] = prompt.tolist()
+        seg.generated_mask_T[: args.shared_prompt] = [False] * args.shared_prompt
+        seg.logprobs_T[: args.shared_prompt] = [0.0] * args.shared_prompt
+    cfg = RLConfig(sd_weight=0.0, micro_batch_tokens=args.micro_batch_tokens)
+    stats = {}
+
+    def step(share: bool):
+        def run() -> None:
+            stats[share] = rl_step(model, optimizer, None, groups, replace(cfg, share_prefix=share), tokenizer, pad_id,
+                                   token_normalizer=float(args.batch * args.seq_len), compute_dtype=compute_dtype)
+        return run
+
+    t_shared, t_full = timed_pair(step(True), step(False), iters, args.device)
+    if not stats[True]["rl/prefix_tokens_shared"]:
+        raise SystemExit("(f) no prompt was shared (the check against the full pass failed?)")
+    out = {"prefix_step_shared_s": t_shared, "prefix_step_full_s": t_full, "prefix_ratio_full_over_shared": t_full / t_shared,
+           "prefix_tokens_shared": stats[True]["rl/prefix_tokens_shared"]}
+    print(f"(f)  rl_step, {args.shared_prompt}-token prompt run once per micro-batch {t_shared:.2f} s, once per "
+          f"sequence {t_full:.2f} s (ratio {t_full / t_shared:.2f}; {out['prefix_tokens_shared']:.0f} of "
+          f"{args.batch * args.seq_len} tokens not rerun)")
     return out
 
 

@@ -246,7 +246,8 @@ def test_train_summaries_off_masks_only_the_summary_reply(tiny_dir):
     assert m_on["grpo/num_tokens"] - m_off["grpo/num_tokens"] == 10
 
 
-def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None):
+def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None, data=None, share_prefix=False,
+                micro_batch_tokens=60):
     """(per-epoch losses, final weights, calls of the frozen block per epoch, the cache) of a
     warm start with block 1 of 2 trained, with or without the frozen-trunk cache."""
     import random
@@ -261,14 +262,16 @@ def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None):
     calls = [0]
     model.model.layers[0].register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
     rng = random.Random(0)
-    data = [token_rollout([rng.randrange(3, 300) for _ in range(n)], [t >= n // 2 for t in range(n)], reward=1.0)
-            for n in (18, 25, 31, 40)] + [failed_rollout(tok)]  # 4 sequences to learn, one not
+    if data is None:
+        data = [token_rollout([rng.randrange(3, 300) for _ in range(n)], [t >= n // 2 for t in range(n)], reward=1.0)
+                for n in (18, 25, 31, 40)] + [failed_rollout(tok)]  # 4 sequences to learn, one not
     trunk = TrunkCache(model, 1) if trunk_cache else None
     losses, frozen_calls = [], []
     for e in range(epochs):
         calls[0] = 0
-        losses.append(sft_epoch(model, optimizer, data, tok.pad_token_id, batch_size=2, micro_batch_tokens=60,
-                                grad_clip=1.0, rng=random.Random(e), trunk=trunk))
+        losses.append(sft_epoch(model, optimizer, data, tok.pad_token_id, batch_size=2,
+                                micro_batch_tokens=micro_batch_tokens, grad_clip=1.0, rng=random.Random(e), trunk=trunk,
+                                share_prefix=share_prefix))
         frozen_calls.append(calls[0])
     return losses, model.state_dict(), frozen_calls, trunk
 
@@ -337,3 +340,148 @@ def test_the_trunk_cache_counts_each_sequence_once(tiny_dir):
     _, _, _, trunk = _warm_start(tiny_dir, trunk_cache=True, epochs=1)
     assert trunk.bytes == sum(h.numel() * h.element_size() for h in trunk.hidden.values())
     assert all(h.device.type == "cpu" for h in trunk.hidden.values())
+
+
+def _prefixed_groups(prefix_len=40):
+    """Two groups whose sequences all start with the same `prefix_len` tokens (a system prompt),
+    then differ (task prompt, sampled reply, observation)."""
+    prompt = _seq(1000, n_prompt=prefix_len, n_gen=0, n_obs=0)[0]
+    groups = []
+    for g, rewards in enumerate(([1.0, 0.0, 0.0], [0.0, 1.0])):
+        rows = [_seq(50 * g + i, n_prompt=4 + i, n_gen=6, n_obs=5) for i in range(len(rewards))]
+        groups.append([token_rollout(prompt + ids, [False] * prefix_len + mask, reward=r)
+                       for (ids, mask), r in zip(rows, rewards)])
+    return groups
+
+
+def _tokens_through(model, block=0):
+    """A counter of the tokens that enter `block` (every pass, whatever its batch)."""
+    seen = [0]
+    model.model.layers[block].register_forward_pre_hook(lambda m, a, kw: seen.__setitem__(
+        0, seen[0] + (a[0] if a else kw["hidden_states"]).shape[:2].numel()), with_kwargs=True)
+    return seen
+
+
+def test_a_shared_prompt_runs_once_per_micro_batch_and_trains_the_same_weights(tiny_dir):
+    groups = _prefixed_groups()
+    shared_metrics, shared = _deltas(tiny_dir, groups)
+    full_metrics, full = _deltas(tiny_dir, groups, cfg=dataclasses.replace(GRPO_ONLY, share_prefix=False))
+    assert full_metrics["rl/prefix_tokens_shared"] == 0
+    assert shared_metrics["rl/prefix_tokens_shared"] == 40 * 4  # one micro-batch of 5 rows
+    assert shared_metrics["loss/total"] == pytest.approx(full_metrics["loss/total"], rel=1e-5)
+    assert any(d.abs().max() > 0 for d in full.values())
+    for name in full:
+        torch.testing.assert_close(shared[name], full[name], rtol=1e-4, atol=1e-6)
+
+    tok, model, opt = _model(tiny_dir)
+    step_tokens = []
+    for cfg in (GRPO_ONLY, GRPO_ONLY, dataclasses.replace(GRPO_ONLY, share_prefix=False)):
+        seen = _tokens_through(model)
+        rl_step(model, opt, None, groups, cfg, tok, tok.pad_token_id, token_normalizer=64.0, valid_tools=TOOLS)
+        step_tokens.append(seen[0])
+        model.model.layers[0]._forward_pre_hooks.clear()
+    longest = max(len(r.trajectory.segments[0].token_ids_T) for g in groups for r in g)
+    assert step_tokens[2] == 5 * longest  # every row padded to the longest, the prompt 5 times
+    assert step_tokens[1] == 40 + 5 * (longest - 40)  # after the first step's check: the prompt once
+    assert step_tokens[0] > step_tokens[1]  # the first shared pass of a model is checked against the full one
+
+
+def test_a_model_that_misreads_the_shared_prompt_keeps_full_passes(tiny_dir, monkeypatch, caplog):
+    """A model whose pass depends on where a call starts (here: the first position of each call is
+    shifted, as a model that ignores the cached positions would be) fails the one-time check:
+    sharing stays off and the update is exactly the full passes' one."""
+
+    def misread(model):
+        model.model.layers[0].register_forward_pre_hook(
+            lambda m, a, kw: ((a[0] + torch.nn.functional.pad(torch.ones_like(a[0][:, :1]), (0, 0, 0, a[0].shape[1] - 1)),)
+                              + a[1:], kw) if a else None, with_kwargs=True)
+
+    groups = _prefixed_groups()
+    out = {}
+    for share in (True, False):
+        tok, model, opt = _model(tiny_dir)
+        misread(model)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with caplog.at_level("WARNING", logger="carl.train.prefix"):
+            metrics = rl_step(model, opt, None, groups, dataclasses.replace(GRPO_ONLY, share_prefix=share), tok,
+                              tok.pad_token_id, token_normalizer=64.0, valid_tools=TOOLS)
+        out[share] = metrics, {k: v - before[k] for k, v in model.state_dict().items()}
+    assert out[True][0]["rl/prefix_tokens_shared"] == 0
+    assert "every pass stays full" in caplog.text
+    for name in out[False][1]:
+        torch.testing.assert_close(out[True][1][name], out[False][1][name], rtol=0, atol=0)
+
+
+def test_the_common_prefix_ends_before_the_first_scored_token():
+    from carl.train.prefix import MIN_PREFIX, common_prefix_len, shared_cost
+
+    base = list(range(3, 103))
+    rows = [base, base[:60] + [7] * 40]
+    scored = [[t >= 80 for t in range(100)], [t >= 70 for t in range(100)]]
+    assert common_prefix_len(rows, scored) == 60  # where the rows part
+    assert common_prefix_len([base, base], scored) == 69  # the logits at 69 predict the first scored token
+    assert common_prefix_len([base], scored[:1]) == 0  # nothing to share with
+    assert common_prefix_len([base, base[:MIN_PREFIX - 1] + [7] * 69], scored) == 0  # too short to be worth it
+    assert shared_cost(rows, scored) == 60 + 2 * 40
+
+
+def test_micro_batches_count_a_shared_prompt_once():
+    from carl.train.step import TrainSequence, micro_batches
+
+    prompt = list(range(3, 83))
+    seqs = [TrainSequence(prompt + [100 + i] * 20, [False] * 80 + [True] * 20, [0.0] * 100, 1.0) for i in range(4)]
+    assert [len(b) for b in micro_batches(seqs, 200)] == [2, 2]  # 100 tokens each, padded
+    assert [len(b) for b in micro_batches(seqs, 200, share_prefix=True)] == [4]  # 80 + 4 x 20
+
+
+def test_the_warm_start_runs_a_shared_prompt_once_with_and_without_the_trunk_cache(tiny_dir):
+    """Sequences that start with the same 80 tokens: the same losses and weights with the prompt
+    run once per micro-batch (fewer tokens through the trained block in later epochs), and the trunk cache keeps the same
+    states when its first epoch's passes are split in two (prefix, then the rows' rest)."""
+    import random
+
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 300) for _ in range(80)]
+    data = [token_rollout(prompt + [rng.randrange(3, 300) for _ in range(n)], [False] * 80 + [t >= n // 2 for t in range(n)],
+                          reward=1.0) for n in (12, 15, 19, 24)]
+    runs, tokens = {}, {}
+    for trunk in (False, True):
+        for share in (False, True):
+            counted = []
+            for epochs in (1, 3):  # the trained block's tokens in epochs 2-3 (the one-time checks cancel)
+                counters = []
+                runs[trunk, share] = _warm_start(tiny_dir, trunk, epochs=epochs, data=data, share_prefix=share,
+                                                 micro_batch_tokens=150,
+                                                 patch=lambda m: counters.append(_tokens_through(m, block=-1)))
+                counted.append(counters[0][0])
+            tokens[trunk, share] = counted[1] - counted[0]
+    losses, weights, _, _ = runs[False, False]
+    for (trunk, share), (other_losses, other_weights, calls, cache) in runs.items():
+        torch.testing.assert_close(other_losses, losses, rtol=1e-4, atol=1e-5)
+        for name in weights:
+            torch.testing.assert_close(other_weights[name], weights[name], rtol=1e-4, atol=1e-5)
+        if trunk:
+            assert cache.enabled and len(cache.hidden) == 4 and calls[1:] == [0, 0]
+    assert tokens[False, True] < tokens[False, False] and tokens[True, True] < tokens[True, False]
+    kept_full, kept_shared = runs[True, False][3].hidden, runs[True, True][3].hidden
+    assert kept_full.keys() == kept_shared.keys()
+    for key in kept_full:
+        torch.testing.assert_close(kept_shared[key], kept_full[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sd_loss", ["topk", "sampled"])
+def test_self_distillation_reads_the_same_logits_with_a_shared_prompt(tiny_dir, sd_loss, monkeypatch):
+    """The student logits at the error turns (ScoredLogits, indexed by position in the whole
+    sequence) are the same whether the rollouts' common prompt ran once or per sequence."""
+    from carl.train import prefix
+
+    monkeypatch.setattr(prefix, "MIN_PREFIX", 1)  # the fixture's prompt is short
+    tok = tiny_tokenizer()
+    group = [solved_rollout(tok), failed_rollout(tok)]
+    cfg = RLConfig(route_by_outcome=True, sd_weight=0.5, sd_loss=sd_loss, sd_topk=8)
+    shared_metrics, shared = _deltas(tiny_dir, [group], cfg=cfg, tokenizer=tok)
+    full_metrics, full = _deltas(tiny_dir, [group], cfg=dataclasses.replace(cfg, share_prefix=False), tokenizer=tok)
+    assert shared_metrics["rl/prefix_tokens_shared"] > 0 == full_metrics["rl/prefix_tokens_shared"]
+    assert shared_metrics["loss/self_distill"] == pytest.approx(full_metrics["loss/self_distill"], rel=1e-5)
+    for name in full:
+        torch.testing.assert_close(shared[name], full[name], rtol=1e-4, atol=1e-6)

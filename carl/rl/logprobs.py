@@ -53,6 +53,7 @@ def sequence_logprobs(
     return_logits: bool = False,
     score_mask_B_T: torch.Tensor | None = None,
     inputs_embeds_B_T_D: torch.Tensor | None = None,
+    prefix_len: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, "ScoredLogits"]:
     """Per-token log-probs (see module convention) of right-padded sequences under `model`.
 
@@ -68,9 +69,16 @@ def sequence_logprobs(
     With `inputs_embeds_B_T_D`, the model reads those vectors instead of embedding
     `token_ids_B_T` (which still name the targets): the split KL reference feeds its top blocks
     this way (carl/train/reference.py).
+
+    With `prefix_len` P > 0 (needs `score_mask_B_T`; every row starts with the same P tokens and
+    none is scored before position P + 1), the first P tokens run once at batch 1 and every row's
+    rest attends to their cached keys and values (carl/train/prefix.py): same values, P x (B - 1)
+    fewer tokens through the model.
     """
     inputs = {"input_ids": token_ids_B_T} if inputs_embeds_B_T_D is None else {"inputs_embeds": inputs_embeds_B_T_D}
     if score_mask_B_T is None:
+        if prefix_len:
+            raise ValueError("prefix_len needs score_mask_B_T (the positions whose log-probs are needed)")
         logits_B_T_V = model(**inputs, attention_mask=attention_mask_B_T, use_cache=False).logits
         shifted = token_logprobs(logits_B_T_V[:, :-1], token_ids_B_T[:, 1:], temperature)
         logprobs_B_T = torch.cat([shifted.new_zeros((shifted.shape[0], 1)), shifted], dim=1)
@@ -82,14 +90,35 @@ def sequence_logprobs(
     targets_K = torch.nonzero(score_mask_B_T[:, 1:].any(0)).squeeze(-1) + 1  # scored positions, t >= 1
     if len(targets_K) == 0:
         raise ValueError("score_mask_B_T selects no position t >= 1: nothing to score (drop such sequences)")
-    logits_B_K_V = model(**inputs, attention_mask=attention_mask_B_T, use_cache=False,
-                         logits_to_keep=(targets_K - 1).to(token_ids_B_T.device)).logits
+    if prefix_len:
+        logits_B_K_V = _after_prefix(model, token_ids_B_T, attention_mask_B_T, targets_K, prefix_len, inputs_embeds_B_T_D)
+    else:
+        logits_B_K_V = model(**inputs, attention_mask=attention_mask_B_T, use_cache=False,
+                             logits_to_keep=(targets_K - 1).to(token_ids_B_T.device)).logits
     scored_B_K = token_logprobs(logits_B_K_V, token_ids_B_T[:, targets_K], temperature)
     logprobs_B_T = scored_B_K.new_zeros(token_ids_B_T.shape).index_copy(1, targets_K, scored_B_K)
     logprobs_B_T = logprobs_B_T * attention_mask_B_T.to(logprobs_B_T.dtype)
     if not return_logits:
         return logprobs_B_T
     return logprobs_B_T, ScoredLogits(logits_B_K_V, targets_K)
+
+
+def _after_prefix(model: Any, ids_B_T: torch.Tensor, attn_B_T: torch.Tensor, targets_K: torch.Tensor, P: int,
+                  inputs_embeds_B_T_D: torch.Tensor | None) -> torch.Tensor:
+    """logits_B_K_V at `targets_K - 1`, with the rows' common first P tokens run once."""
+    B = ids_B_T.shape[0]
+    if not 0 < P < int(targets_K[0]):
+        raise ValueError(f"prefix_len={P}: expected 0 < prefix_len < {int(targets_K[0])} (the first scored position)")
+    if not bool((ids_B_T[:, :P] == ids_B_T[:1, :P]).all()) or not bool(attn_B_T[:, :P].all()):
+        raise ValueError(f"prefix_len={P}: the rows differ within their first {P} tokens")
+    if inputs_embeds_B_T_D is None:
+        first, rest = {"input_ids": ids_B_T[:1, :P]}, {"input_ids": ids_B_T[:, P:]}
+    else:  # the rows' vectors at the prefix are the same numbers (the same tokens): row 0's stand for all
+        first, rest = {"inputs_embeds": inputs_embeds_B_T_D[:1, :P]}, {"inputs_embeds": inputs_embeds_B_T_D[:, P:]}
+    cache = model(**first, attention_mask=attn_B_T[:1, :P], use_cache=True, logits_to_keep=1).cache
+    cache.batch_repeat_interleave(B)  # new tensors of the graph: each row's gradient reaches the prefix pass
+    return model(**rest, attention_mask=attn_B_T, cache=cache, use_cache=True,
+                 logits_to_keep=(targets_K - 1 - P).to(ids_B_T.device)).logits
 
 
 class ScoredLogits:

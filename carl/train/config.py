@@ -260,6 +260,11 @@ class RLConfig:
     rollouts (0.19 -> 0.53 in 5 steps at lr 5e-5; 0.11 -> 0.64 in one step at lr 2e-4; measured):
     a small model cannot act on the feedback, so its hinted distribution is no better target."""
     micro_batch_tokens: int = 4096
+    share_prefix: bool = True
+    """The tokens every sequence of a micro-batch starts with (the system prompt and tool list,
+    a task's prompt) run once per micro-batch instead of once per sequence, and count once toward
+    `micro_batch_tokens` (carl.train.prefix; checked against the full pass once per model, off
+    where they differ). Not with a KL reference (rl.kl_coef > 0), MoE router replay, or N trainer ranks."""
     train_summaries: bool = True
     """Self-summaries (the reply to a summary request, which ends a context segment) take the
     episode's advantage like every other reply. False leaves them out of the RL loss: summaries

@@ -6,6 +6,7 @@ Legend: B = sequences in a micro-batch, T = tokens, N = scored tokens (flattened
       -> advantages per group (reward - group mean over valid members)
       -> one training sequence per token segment (ids, generated mask, rollout log-probs, advantage)
       -> teacher contexts for the error turns of each segment (hint inserted before the turn)
+      -> micro-batches (the prompt every sequence starts with counted once: carl.train.prefix)
       -> per micro-batch: student forward (grad) -> GRPO loss on sampled tokens
                           reference forward (no grad; rl.kl_coef > 0) -> KL penalty on sampled tokens
                           teacher forward (no grad) -> top-k KL at the error turns' tokens
@@ -39,6 +40,7 @@ from carl.rl.self_distill import (
     topk_kl_loss,
 )
 from carl.train.config import RLConfig
+from carl.train.prefix import checked_prefix_len, common_prefix_len, shared_cost
 from carl.train.ranks import Ranks, idle_forward, idle_micro_batch, merge_metrics
 from carl.train.reference import FullReference
 from carl.rollout.rollout import Rollout
@@ -90,7 +92,11 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     # policy, KL reference, self-distillation teacher, then the backward (idle ones where a rank has none)
     in_step = ((reference.model,) if reference is not None else ()) + ((teacher,) if cfg.sd_weight > 0 else ())
     lockstep = ranks.world > 1
-    for micro in ranks.share(micro_batches(seqs, cfg.micro_batch_tokens)):
+    # the prompt every sequence starts with runs once per micro-batch (carl.train.prefix); not with
+    # a split KL reference or router replay (both read the policy's whole pass) nor on N ranks
+    # (FSDP ranks must run the same passes)
+    share = cfg.share_prefix and reference is None and replay is None and not lockstep
+    for micro in ranks.share(micro_batches(seqs, cfg.micro_batch_tokens, share_prefix=share)):
         if micro is None:  # this rank has fewer micro-batches than the others
             idle_micro_batch(model, pad_id, device, in_step)
             continue
@@ -101,10 +107,13 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
         advantages_B = torch.tensor([s.advantage for s in micro], device=device)
         need_logits = any(s.teachers for s in micro) and cfg.sd_weight > 0
         routes = replayed_routes(replay, micro, ids_B_T.shape[1], metrics)
+        P = common_prefix_len([s.token_ids_T for s in micro], [s.generated_mask_T for s in micro]) if share else 0
+        P = checked_prefix_len(model, ids_B_T, attn_B_T, mask_B_T, P, temperature)
+        metrics["rl/prefix_tokens_shared"] = metrics.get("rl/prefix_tokens_shared", 0.0) + P * (len(micro) - 1)
         with autocast(model, compute_dtype), reference.capture(model) if reference else contextlib.nullcontext(), \
                 replay.replay(routes) if routes is not None else contextlib.nullcontext():
             out = sequence_logprobs(model, ids_B_T, attn_B_T, temperature=temperature, return_logits=need_logits,
-                                    score_mask_B_T=mask_B_T)
+                                    score_mask_B_T=mask_B_T, prefix_len=P)
         logprobs_B_T, scored_logits = out if need_logits else (out, None)
         mismatch = add_sums(mismatch, mismatch_sums(logprobs_B_T, rollout_B_T, mask_B_T))
 
@@ -252,13 +261,18 @@ def replayed_routes(replay: Any, micro: list[TrainSequence], T: int, metrics: di
     return stack_routes(routes, T)
 
 
-def micro_batches(seqs: list[TrainSequence], max_tokens: int) -> list[list[TrainSequence]]:
-    """Greedy packing by padded size (longest sequence x count <= max_tokens; at least one each)."""
+def micro_batches(seqs: list[TrainSequence], max_tokens: int, share_prefix: bool = False) -> list[list[TrainSequence]]:
+    """Greedy packing by padded size (longest sequence x count <= max_tokens; at least one each).
+    With `share_prefix`, the size counts the rows' common prefix once (carl.train.prefix.shared_cost)."""
     batches: list[list[TrainSequence]] = []
     current: list[TrainSequence] = []
     for s in sorted(seqs, key=lambda s: len(s.token_ids_T)):
-        longest = max([len(x.token_ids_T) for x in current] + [len(s.token_ids_T)])
-        if current and longest * (len(current) + 1) > max_tokens:
+        rows = current + [s]
+        if share_prefix:
+            size = shared_cost([x.token_ids_T for x in rows], [x.generated_mask_T for x in rows])
+        else:
+            size = max(len(x.token_ids_T) for x in rows) * len(rows)
+        if current and size > max_tokens:
             batches.append(current)
             current = []
         current.append(s)

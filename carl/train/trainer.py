@@ -138,7 +138,7 @@ class Trainer:
         try:
             return sft_epoch(self.model, self.optimizer, data, pad_id, ws.batch_size, self.cfg.rl.micro_batch_tokens,
                              self.cfg.rl.grad_clip, rng, on_batch=self._on_batch, compute_dtype=self.compute_dtype,
-                             ranks=self.ranks, trunk=self._trunk)
+                             ranks=self.ranks, trunk=self._trunk, share_prefix=self.cfg.rl.share_prefix)
         finally:
             if epoch >= ws.epochs - 1:
                 self._trunk = None  # the last epoch: free the states

@@ -32,6 +32,7 @@ from carl.rl.logprobs import pad_right, sequence_logprobs
 from carl.sandbox.base import SandboxConfig
 from carl.tasks import TaskRecord
 from carl.rollout.rollout import Rollout, collect_groups
+from carl.train.prefix import checked_prefix_len, common_prefix_len
 from carl.train.ranks import Ranks, idle_micro_batch
 from carl.train.reference import entering_block
 from carl.train.step import TrainSequence, autocast, micro_batches, pad_rows
@@ -93,6 +94,7 @@ class TrunkCache:
         self.hidden: dict[tuple[int, ...], torch.Tensor] = {}  # token ids -> h_T_D
         self.bytes = 0
         self.checked = False
+        self.share_ok: bool | None = None  # top-only passes with a shared prefix: checked once, on first use
         layers = getattr(getattr(model, "model", None), "layers", None)
         self.enabled = layers is not None and 0 < num_layers < len(layers)
 
@@ -100,18 +102,27 @@ class TrunkCache:
         return self.enabled and all(tuple(s.token_ids_T) in self.hidden for s in micro)
 
     @contextlib.contextmanager
-    def capture(self, micro: list[TrainSequence]) -> Iterator[None]:
+    def capture(self, micro: list[TrainSequence], prefix_len: int = 0) -> Iterator[None]:
         """While the full forward pass of `micro` runs inside, keep each row's states entering
-        block -num_layers (its real tokens only: padding differs from batch to batch)."""
+        block -num_layers (its real tokens only: padding differs from batch to batch). With
+        `prefix_len` P the pass is two calls (carl.train.prefix): the shared P tokens at batch 1,
+        then the rows' rest; each row keeps the prefix's states followed by its own."""
         if not self.enabled or self.bytes >= self.max_bytes:
             yield
             return
+        calls: list[torch.Tensor] = []
 
         def keep(h_B_T_D: torch.Tensor) -> None:
+            calls.append(h_B_T_D)
+            if prefix_len and len(calls) == 1:  # the shared prefix's pass: the rows' rest comes next
+                return
             for b, s in enumerate(micro):
                 key = tuple(s.token_ids_T)
                 if key not in self.hidden and self.bytes < self.max_bytes:
-                    h_T_D = h_B_T_D[b, : len(key)].to("cpu", copy=True)  # host memory, not a GPU's
+                    h_T_D = h_B_T_D[b, : len(key) - prefix_len]
+                    if prefix_len:
+                        h_T_D = torch.cat([calls[0][0], h_T_D])
+                    h_T_D = h_T_D.to("cpu", copy=True)  # host memory, not a GPU's
                     self.hidden[key] = h_T_D
                     self.bytes += h_T_D.numel() * h_T_D.element_size()
 
@@ -119,39 +130,66 @@ class TrunkCache:
             yield
 
     def top_logprobs(self, micro: list[TrainSequence], ids_B_T: torch.Tensor, attn_B_T: torch.Tensor,
-                     mask_B_T: torch.Tensor) -> torch.Tensor:
-        """`sequence_logprobs` of `micro` through the top blocks alone, on the kept states."""
+                     mask_B_T: torch.Tensor, prefix_len: int = 0) -> torch.Tensor:
+        """`sequence_logprobs` of `micro` through the top blocks alone, on the kept states (their
+        common first `prefix_len` tokens run once, where that was checked: `share_ok`)."""
         rows = [self.hidden[tuple(s.token_ids_T)] for s in micro]
         h_B_T_D = torch.zeros((*ids_B_T.shape, rows[0].shape[-1]), dtype=rows[0].dtype, device=ids_B_T.device)
         for b, h_T_D in enumerate(rows):
             h_B_T_D[b, : len(h_T_D)] = h_T_D.to(ids_B_T.device)
+        with self._top_only():
+            return sequence_logprobs(self.model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T, inputs_embeds_B_T_D=h_B_T_D,
+                                     prefix_len=prefix_len if self.share_ok else 0)
+
+    @contextlib.contextmanager
+    def _top_only(self) -> Iterator[None]:
+        """The policy with only its top blocks, renumbered from 0 for that pass (a key/value cache,
+        as a shared prefix uses, counts the tokens it holds by its first layer's)."""
         inner = self.model.model
         layers = inner.layers
-        inner.layers = torch.nn.ModuleList(list(layers[-self.num_layers:]))
+        top = list(layers[-self.num_layers:])
+        numbered = [(m, m.layer_idx, i) for i, block in enumerate(top) for m in block.modules()
+                    if isinstance(getattr(m, "layer_idx", None), int)]
+        inner.layers = torch.nn.ModuleList(top)
+        for m, _, i in numbered:
+            m.layer_idx = i
         try:
-            return sequence_logprobs(self.model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T, inputs_embeds_B_T_D=h_B_T_D)
+            yield
         finally:
             inner.layers = layers
+            for m, old, _ in numbered:
+                m.layer_idx = old
 
     def check(self, micro: list[TrainSequence], ids_B_T: torch.Tensor, attn_B_T: torch.Tensor,
-              mask_B_T: torch.Tensor, full_B_T: torch.Tensor) -> None:
-        """Once, on the first micro-batch kept: the top-only pass must equal the full pass."""
-        if self.checked or not self.has(micro):
+              mask_B_T: torch.Tensor, full_B_T: torch.Tensor, prefix_len: int = 0) -> None:
+        """On the first micro-batch kept, the top-only pass must equal the full pass (else the
+        cache turns off); on the first kept with a shared prefix, so must the shared top-only pass
+        (else top-only passes run every row whole)."""
+        if not self.enabled or not self.has(micro):
             return
-        self.checked = True
         with torch.no_grad():
-            top_B_T = self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T)
-        if not torch.allclose(top_B_T, full_B_T.detach(), atol=1e-3, rtol=0):
-            self.enabled, self.hidden, self.bytes = False, {}, 0
+            if not self.checked:
+                self.checked = True
+                if not torch.allclose(self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T), full_B_T.detach(),
+                                      atol=1e-3, rtol=0):
+                    self.enabled, self.hidden, self.bytes = False, {}, 0
+                    return
+            if prefix_len and self.share_ok is None:
+                self.share_ok = True  # for this one pass
+                shared_B_T = self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, prefix_len)
+                self.share_ok = torch.allclose(shared_B_T, full_B_T.detach(), atol=1e-3, rtol=0)
 
 
 def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, batch_size: int,
               micro_batch_tokens: int, grad_clip: float, rng: random.Random, on_batch=None,
               compute_dtype: torch.dtype | None = None, ranks: Ranks = Ranks(),
-              trunk: TrunkCache | None = None) -> list[float]:
+              trunk: TrunkCache | None = None, share_prefix: bool = False) -> list[float]:
     """One pass over the successful rollouts' segments in random order; returns the batch losses.
     On N `ranks` each trains its share of every batch's micro-batches (carl.train.ranks). With a
-    `trunk` cache, micro-batches it holds run the top blocks only and the others fill it."""
+    `trunk` cache, micro-batches it holds run the top blocks only and the others fill it. With
+    `share_prefix` (one rank), the tokens a micro-batch's sequences all start with run once
+    (carl.train.prefix)."""
+    share_prefix = share_prefix and ranks.world == 1  # FSDP ranks must run the same passes
     seqs = sft_sequences(rollouts)
     rng.shuffle(seqs)
     losses = []
@@ -162,21 +200,23 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
         optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
         device = next(model.parameters()).device
-        for micro in ranks.share(micro_batches(batch, micro_batch_tokens)):
+        for micro in ranks.share(micro_batches(batch, micro_batch_tokens, share_prefix=share_prefix)):
             if micro is None:  # this rank has fewer micro-batches than the others
                 idle_micro_batch(model, pad_id, device)
                 continue
             ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T for s in micro], pad_id))
             mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
+            P = common_prefix_len([s.token_ids_T for s in micro], [s.generated_mask_T for s in micro]) if share_prefix else 0
+            P = checked_prefix_len(model, ids_B_T, attn_B_T, mask_B_T, P)  # outside the capture: its check's passes
             if trunk is not None and trunk.has(micro):
                 with autocast(model, compute_dtype):
-                    logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T)
+                    logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, P)
             else:
                 with autocast(model, compute_dtype):
-                    with trunk.capture(micro) if trunk else contextlib.nullcontext():
-                        logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T)
+                    with trunk.capture(micro, P) if trunk else contextlib.nullcontext():
+                        logprobs_B_T = sequence_logprobs(model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T, prefix_len=P)
                     if trunk is not None:
-                        trunk.check(micro, ids_B_T, attn_B_T, mask_B_T, logprobs_B_T)
+                        trunk.check(micro, ids_B_T, attn_B_T, mask_B_T, logprobs_B_T, P)
             loss, m = sft_loss(logprobs_B_T, mask_B_T)
             loss = loss * (m["num_tokens"] / max(total_tokens, 1))  # token-weighted mean over the batch
             (loss * ranks.world).backward()  # FSDP averages gradients over ranks: this makes it their sum
