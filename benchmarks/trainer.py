@@ -28,7 +28,9 @@
     (f)  rl_step with the top --trainable-layers blocks trained on B rollouts whose first
          --shared-prompt tokens are the same (the system prompt and tool list every episode starts
          with), that prompt run once per micro-batch (rl.share_prefix, carl.train.prefix) against
-         once per sequence, from the same weights on the same rollouts
+         once per sequence, from the same weights on the same rollouts; then warm-start epochs on
+         the same sequences (batches of 4), shared against not: full passes (the first epoch's),
+         and top-block passes on the trunk cache's kept states (the later epochs')
 
 Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
 (b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
@@ -84,7 +86,7 @@ def main() -> None:
                         "the device computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart,prefix")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart,prefix,prefix-warmstart")
     p.add_argument("--trainable-layers", type=int, default=6, help="(d) model.trainable_layers")
     p.add_argument("--turns", type=int, default=4, help="(c) turns per episode")
     p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
@@ -399,6 +401,36 @@ def bench_shared_prompt(path: Path, args: argparse.Namespace, iters: int) -> dic
     print(f"(f)  rl_step, {args.shared_prompt}-token prompt run once per micro-batch {t_shared:.2f} s, once per "
           f"sequence {t_full:.2f} s (ratio {t_full / t_shared:.2f}; {out['prefix_tokens_shared']:.0f} of "
           f"{args.batch * args.seq_len} tokens not rerun)")
+    if "prefix-warmstart" not in args.skip:
+        out.update(bench_shared_prompt_warm_start(model, optimizer, pad_id, compute_dtype, groups, args, iters))
+    return out
+
+
+def bench_shared_prompt_warm_start(model, optimizer, pad_id, compute_dtype, groups, args, iters) -> dict[str, float]:
+    import random
+
+    from carl.train.warm_start import TrunkCache, sft_epoch
+
+    data = [replace(r, passed=True, reward=1.0) for g in groups for r in g]  # warm-start data: solved episodes
+    trunk = TrunkCache(model, args.trainable_layers)
+
+    def epoch(share: bool, cache):
+        return lambda: sft_epoch(model, optimizer, data, pad_id, batch_size=4, micro_batch_tokens=args.micro_batch_tokens,
+                                 grad_clip=1.0, rng=random.Random(0), compute_dtype=compute_dtype, trunk=cache,
+                                 share_prefix=share)
+
+    t_first, t_first_full = timed_pair(epoch(True, None), epoch(False, None), iters, args.device)
+    epoch(True, trunk)()  # keeps the trunk's states (and checks the shared top-block pass)
+    if not (trunk.enabled and trunk.share_ok):
+        raise SystemExit(f"(f) trunk cache enabled={trunk.enabled}, shared top-block passes ok={trunk.share_ok}")
+    t_top, t_top_full = timed_pair(epoch(True, trunk), epoch(False, trunk), iters, args.device)
+    out = {"prefix_sft_epoch_shared_s": t_first, "prefix_sft_epoch_full_s": t_first_full,
+           "prefix_sft_ratio_full_over_shared": t_first_full / t_first,
+           "prefix_sft_cached_epoch_shared_s": t_top, "prefix_sft_cached_epoch_full_s": t_top_full,
+           "prefix_sft_cached_ratio_full_over_shared": t_top_full / t_top}
+    print(f"(f') warm-start epoch, prompt shared {t_first:.2f} s vs not {t_first_full:.2f} s "
+          f"(ratio {t_first_full / t_first:.2f}); on the kept trunk states {t_top:.2f} s vs {t_top_full:.2f} s "
+          f"(ratio {t_top_full / t_top:.2f})")
     return out
 
 
