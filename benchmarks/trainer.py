@@ -316,9 +316,7 @@ def bench_multiturn(path: Path, args: argparse.Namespace, iters: int) -> dict[st
 
 
 def bench_kl(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
-    tokenizer, model = load_model(path, torch.float32, args.device)
-    optimizer = torch.optim.AdamW(set_trainable(model, args.trainable_layers), lr=1e-6)
-    pad_id, compute_dtype = pad_token_id(tokenizer), DTYPES[args.dtype]
+    tokenizer, model, optimizer, pad_id, compute_dtype = top_trained(path, args)
     cfg = RLConfig(sd_weight=0.0, kl_coef=1.0, micro_batch_tokens=args.micro_batch_tokens)
     groups = synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size)
     shared = load_reference(path, model, args.trainable_layers, args.device)
@@ -346,9 +344,7 @@ def bench_warm_start(path: Path, args: argparse.Namespace, iters: int) -> dict[s
 
     from carl.train.warm_start import TrunkCache, sft_epoch
 
-    tokenizer, model = load_model(path, torch.float32, args.device)
-    optimizer = torch.optim.AdamW(set_trainable(model, args.trainable_layers), lr=1e-6)
-    pad_id, compute_dtype = pad_token_id(tokenizer), DTYPES[args.dtype]
+    tokenizer, model, optimizer, pad_id, compute_dtype = top_trained(path, args)
     data = [r for g in synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size) for r in g]
     data = [replace(r, passed=True, reward=1.0) for r in data]  # warm-start data: solved episodes
     trunk = TrunkCache(model, args.trainable_layers)
@@ -372,9 +368,7 @@ def bench_warm_start(path: Path, args: argparse.Namespace, iters: int) -> dict[s
 
 
 def bench_shared_prompt(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
-    tokenizer, model = load_model(path, torch.float32, args.device)
-    optimizer = torch.optim.AdamW(set_trainable(model, args.trainable_layers), lr=1e-6)
-    pad_id, compute_dtype = pad_token_id(tokenizer), DTYPES[args.dtype]
+    tokenizer, model, optimizer, pad_id, compute_dtype = top_trained(path, args)
     if not 0 < args.shared_prompt < args.seq_len:
         raise SystemExit(f"--shared-prompt {args.shared_prompt}: expected between 0 and --seq-len {args.seq_len}")
     prompt = torch.randint(3, model.config.vocab_size, (args.shared_prompt,), generator=torch.Generator().manual_seed(1))
@@ -435,6 +429,13 @@ def bench_shared_prompt_warm_start(model, optimizer, pad_id, compute_dtype, grou
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def top_trained(path: Path, args: argparse.Namespace):
+    """(tokenizer, model, AdamW, pad id, compute dtype) with the top --trainable-layers blocks trained."""
+    tokenizer, model = load_model(path, torch.float32, args.device)
+    optimizer = torch.optim.AdamW(set_trainable(model, args.trainable_layers), lr=1e-6)
+    return tokenizer, model, optimizer, pad_token_id(tokenizer), DTYPES[args.dtype]
 
 
 def timed_pair(fn_a, fn_b, iters: int, device: str) -> tuple[float, float]:
