@@ -132,14 +132,14 @@ class TrunkCache:
     def top_logprobs(self, micro: list[TrainSequence], ids_B_T: torch.Tensor, attn_B_T: torch.Tensor,
                      mask_B_T: torch.Tensor, prefix_len: int = 0) -> torch.Tensor:
         """`sequence_logprobs` of `micro` through the top blocks alone, on the kept states (their
-        common first `prefix_len` tokens run once, where that was checked: `share_ok`)."""
+        common first `prefix_len` tokens run once: pass 0 until `share_ok`)."""
         rows = [self.hidden[tuple(s.token_ids_T)] for s in micro]
         h_B_T_D = torch.zeros((*ids_B_T.shape, rows[0].shape[-1]), dtype=rows[0].dtype, device=ids_B_T.device)
         for b, h_T_D in enumerate(rows):
             h_B_T_D[b, : len(h_T_D)] = h_T_D.to(ids_B_T.device)
         with self._top_only():
             return sequence_logprobs(self.model, ids_B_T, attn_B_T, score_mask_B_T=mask_B_T, inputs_embeds_B_T_D=h_B_T_D,
-                                     prefix_len=prefix_len if self.share_ok else 0)
+                                     prefix_len=prefix_len)
 
     @contextlib.contextmanager
     def _top_only(self) -> Iterator[None]:
@@ -175,7 +175,6 @@ class TrunkCache:
                     self.enabled, self.hidden, self.bytes = False, {}, 0
                     return
             if prefix_len and self.share_ok is None:
-                self.share_ok = True  # for this one pass
                 shared_B_T = self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, prefix_len)
                 self.share_ok = torch.allclose(shared_B_T, full_B_T.detach(), atol=1e-3, rtol=0)
 
@@ -210,7 +209,7 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
             P = checked_prefix_len(model, ids_B_T, attn_B_T, mask_B_T, P)  # outside the capture: its check's passes
             if trunk is not None and trunk.has(micro):
                 with autocast(model, compute_dtype):
-                    logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, P)
+                    logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, P if trunk.share_ok else 0)
             else:
                 with autocast(model, compute_dtype):
                     with trunk.capture(micro, P) if trunk else contextlib.nullcontext():
