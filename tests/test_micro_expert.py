@@ -77,3 +77,28 @@ def test_unknown_summary_kind_is_refused(level5_tasks):
 
     with pytest.raises(ValueError, match="warm_start.expert_summary"):
         WarmStartConfig(expert_summary="verbose")
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_no_solved_expert_episode_names_the_limit_that_cut_its_replies(level5_tasks):
+    """A user's limits.max_new_tokens below the expert's edit length is a UserError naming it (it
+    read "the tasks or the harness are broken"); failures without a cut reply still say that."""
+    from tiny_hf import tiny_tokenizer
+
+    from carl.errors import UserError
+    from carl.train.loop import expert_failure
+    from carl.train.warm_start import expert_rollouts
+    from carl.rollout.rollout import Rollout
+    from carl.types import Trajectory
+
+    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
+    cut = EpisodeLimits(max_turns=4, max_new_tokens=12, max_tokens=40000, context_budget_tokens=20000)
+    data = expert_rollouts(level5_tasks[:1], tiny_tokenizer(), 1, ExpertMistakes(), cut, tools,
+                           SandboxConfig(backend="local"), seed=0)
+    assert not any(r.passed for r in data)
+    err = expert_failure(data, cut)
+    assert isinstance(err, UserError) and "limits.max_new_tokens=12" in str(err), err
+    unsolved = [Rollout(level5_tasks[0], Trajectory(task_id="t"), reward=0.0, feedback="1 of 2 tests did not pass")]
+    err = expert_failure(unsolved, cut)
+    assert not isinstance(err, UserError) and "tasks or the harness are broken" in str(err)
+    assert "1 of 2 tests" in str(err)

@@ -1,7 +1,12 @@
 """Create the micro world's test env (pytest) offline, at the path carl's env cache expects.
 
 Done by hand because the device machine has no package index and its base python may lack
-ensurepip: a --without-pip venv, with pytest's wheels installed into its site-packages."""
+ensurepip: a --without-pip venv, with pytest's wheels (the folder given as argument) installed into
+its site-packages, or, with no argument, one whose site-packages point (a .pth file) at the folder
+the running python imports pytest from (the device's python is itself a venv, so
+--system-site-packages would not reach it).
+
+    python prep_env.py [WHEEL_DIR]"""
 import glob
 import json
 import os
@@ -12,7 +17,7 @@ import sys
 from carl.tasks.environment import env_key, python_version
 from carl.tasks.store import cache_dir
 
-wheels = sorted(glob.glob(sys.argv[1] + "/*.whl"))
+wheels = sorted(glob.glob(sys.argv[1] + "/*.whl")) if len(sys.argv) > 1 else []
 final = cache_dir() / "envs" / env_key(["pytest"], [])
 if not (final / "carl-env.json").is_file():
     tmp = final.with_name(final.name + ".tmp")
@@ -20,8 +25,13 @@ if not (final / "carl-env.json").is_file():
     tmp.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True)
     sp = next(tmp.glob("lib/python*/site-packages"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--target", str(sp), *wheels], check=True)
+    if wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--target", str(sp), *wheels], check=True)
+    else:
+        import pytest
+
+        (sp / "carl-base.pth").write_text(os.path.dirname(os.path.dirname(pytest.__file__)) + "\n")
     (tmp / "carl-env.json").write_text(json.dumps({"python": python_version(), "requirements": ["pytest"],
                                                    "exclude": []}))
     os.replace(tmp, final)

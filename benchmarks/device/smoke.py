@@ -1,4 +1,6 @@
-"""carl train end to end on a tiny random model on $DEVICE (default cuda:0): warm start, evals, 1 RL step with KL."""
+"""carl train end to end on a tiny random model on $DEVICE (default cuda:0): warm start, evals, 1 RL step with KL.
+
+    python smoke.py ROOT [KEY=VALUE ...]   (more overrides, e.g. rollout.max_staleness=2 rl.steps=3)"""
 import os
 import sys
 import time
@@ -23,6 +25,7 @@ cfg = load_config(TrainConfig, None, [
     "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",  # the tiny tokenizer is ~bytes
     "limits.context_budget_tokens=20000", "warm_start.bad_call=0", "warm_start.wrong_edit=0", "warm_start.skip_read=1",
     "warm_start.episodes=2", "warm_start.epochs=1", "rl.steps=1", "rl.kl_coef=1.0",
-    "rollout.group_size=4", "rollout.tasks_per_step=2", "rollout.concurrency=8", "eval.samples_per_task=2"])
+    "rollout.group_size=4", "rollout.tasks_per_step=2", "rollout.concurrency=8", "eval.samples_per_task=2",
+    "engine.kind=hf", *sys.argv[2:]])
 summary = train(cfg, Console(width=120))
 print(f"SMOKE OK on {device} in {time.time() - t0:.0f}s:", {k: v["pass@1"] for k, v in summary.items()})

@@ -38,6 +38,7 @@ from carl.harness.tools import default_tools
 from carl.harness.transcript import transcript_text
 from carl.io import atomic_write_json, atomic_write_text
 from carl.engine.base import Engine, SamplingParams
+from carl.errors import UserError
 from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, describe_compute, pad_token_id
 from carl.engine.routing import recorder_for
 from carl.engine.weights import WeightStore
@@ -343,10 +344,23 @@ def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, progress
     progress.console.print(f"expert: {len(ok)}/{len(data)} episodes solved "
                   f"({sum(r.trajectory.num_generated_tokens for r in ok)} generated tokens)")
     if not ok:
-        raise RuntimeError("no expert episode reached reward 1: the tasks or the harness are broken; "
-                           f"first failure: {data[0].feedback[:500]}")
+        raise expert_failure(data, limits)
     log.transcript(0, "expert", transcript_text(ok[0].trajectory))
     return ok
+
+
+def expert_failure(data: list, limits: EpisodeLimits) -> Exception:
+    """Why no expert episode solved its task: a user's limit that cut the expert's replies (a
+    UserError naming it), else the tasks or the harness."""
+    cut = sum(any(t.finish_reason == "length" for t in r.trajectory.turns) for r in data)
+    first = data[0].feedback[:500] if data else "no episode ran"
+    if cut:
+        return UserError(f"no expert episode reached reward 1: {cut} of {len(data)} had a reply cut by "
+                         f"limits.max_new_tokens={limits.max_new_tokens} or limits.context_budget_tokens="
+                         f"{limits.context_budget_tokens}; raise them (the expert writes whole edits in one "
+                         f"reply); first failure: {first}")
+    return RuntimeError(f"no expert episode reached reward 1: the tasks or the harness are broken; first failure: "
+                        f"{first}")
 
 
 def run_eval(name: str, policy: Engine, cfg: TrainConfig, tasks, tools, progress, log, step: int) -> dict:
