@@ -9,8 +9,10 @@ trains `--steps` RL steps on the same tasks with the same seed and a fixed numbe
 (rollout.max_extra_batches=0), differing only in rollout.max_staleness. Reported per arm, from its
 metrics.jsonl: seconds per step (mean of steps 2.., the first includes warm-up), the trainer's idle
 fraction (time it waited for rollouts), the engine's idle fraction (time with no request in flight),
-groups dropped, the tokens' staleness, rollouts per hour of RL wall time, and that rate as a ratio
-to the synchronous arm's. Results go to --out/async.json with every arm's per-step rows.
+groups dropped, the tokens' staleness, rollouts per hour of RL wall time, that rate as a ratio
+to the synchronous arm's, and the ratio of seconds per step over steps 2.. alone (in a short run
+the first step of an async arm waits while the engine also starts the next batches, so the
+first ratio understates a long run's gain and the second overstates it). Results go to --out/async.json with every arm's per-step rows.
 
 Separate devices. Here trainer and engine share 2 CPU cores, so an async run overlaps them only as
 far as the cores allow. With the engine on its own device, a step of the synchronous loop costs
@@ -61,6 +63,7 @@ def main() -> None:
     for s, r in results.items():
         if sync:
             r["rollouts_per_hour_vs_sync"] = r["rollouts_per_hour"] / sync["rollouts_per_hour"]
+            r["later_steps_vs_sync"] = sync["step_s_mean"] / r["step_s_mean"]
     out = {"first": str(args.first), "steps": args.steps, "overrides": args.overrides, "arms": results}
     if sync:
         out["projection_separate_devices"] = projection(sync)
@@ -117,11 +120,15 @@ def projection(sync: dict) -> dict:
 
 def report(out: dict) -> None:
     print(f"\n{'staleness':>9} {'step s':>7} {'trainer idle':>12} {'engine idle':>11} {'dropped':>7} "
-          f"{'stale tok':>9} {'rollouts/h':>10} {'vs sync':>7}")
+          f"{'stale tok':>9} {'rollouts/h':>10} {'vs sync':>7} {'2.. vs sync':>11}")
     for s, r in out["arms"].items():
         print(f"{s:>9} {r['step_s_mean']:>7.1f} {r['trainer_idle_frac']:>12.0%} {r['engine_idle_frac']:>11.0%} "
               f"{r['groups_dropped']:>7.0f} {r['staleness_token_mean']:>9.2f} {r['rollouts_per_hour']:>10.0f} "
-              f"{r.get('rollouts_per_hour_vs_sync', float('nan')):>7.2f}")
+              f"{r.get('rollouts_per_hour_vs_sync', float('nan')):>7.2f} "
+              f"{r.get('later_steps_vs_sync', float('nan')):>11.2f}")
+    print("step s: mean of steps 2..; rollouts/h and vs sync: every step, the first included (an async run's first "
+          "step waits while the engine starts the next batches too); 2.. vs sync: the synchronous arm's seconds "
+          "per step over this arm's, steps 2.. (a long run's gain lies between the two)")
     if "projection_separate_devices" in out:
         pr = out["projection_separate_devices"]
         print(f"separate devices (projected from the synchronous arm: rollout {pr['rollout_s']:.1f} s, train "
