@@ -19,7 +19,10 @@ far as the cores allow. With the engine on its own device, a step of the synchro
 rollout + train + sync seconds and a step of the pipelined one max(rollout, train + sync) (the
 trainer never waits once rollouts run a step ahead, and the engine never waits while the trainer
 trains, as long as S >= 1). The projection applies that model to the synchronous arm's own
-measured rollout, train and sync times; it states the model, it does not measure a GPU.
+measured rollout, train and sync times; it states the model, it does not measure a GPU. It also
+leaves out what an engine gains from more episodes in flight: on one H200 with the HF engine (trainer
+on the same GPU) it projected 1.11x and 1.22x where steps 2.. ran 2.36x and 1.70x faster, because a
+synchronous step ends with a few slow episodes decoding alone (docs/pipeline.md, "On one GPU").
 """
 
 from __future__ import annotations

@@ -83,3 +83,34 @@ def test_the_split_reference_needs_the_policy_pass_first(start_dir):
     ids_B_T, attn_B_T, mask_B_T = _batch()
     with pytest.raises(RuntimeError, match="capture"):
         reference.logprobs(ids_B_T, attn_B_T, mask_B_T, temperature=1.0)
+
+
+@pytest.mark.parametrize("form", ["full", "shared trunk"])
+def test_a_shared_prompt_gives_the_reference_the_same_kl(start_dir, form):
+    """With the rows' common prompt run once (rl.share_prefix), the reference scores the same
+    log-probs as with full passes, in both of its forms, and runs the prompt once too."""
+    prompt = list(range(40, 80))
+    group = [token_rollout(prompt + list(range(3 + i, 23 + i)), [False] * 48 + [True] * 12, reward=r)
+             for i, r in enumerate([1.0, 0.0, 0.5])]
+    metrics, tokens = [], []
+    for share in (True, False):
+        policy = _drifted_policy(start_dir)
+        reference = load_reference(start_dir, policy, trainable_layers=1) if form == "shared trunk" else \
+            FullReference(load_model(start_dir, torch.float32)[1])
+        assert isinstance(reference, SharedTrunkReference) == (form == "shared trunk")
+        seen = [0]
+        reference.model.model.layers[0].register_forward_pre_hook(lambda m, a, kw: seen.__setitem__(
+            0, seen[0] + (a[0] if a else kw["hidden_states"]).shape[:2].numel()), with_kwargs=True)
+        opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
+        cfg = RLConfig(kl_coef=1.0, share_prefix=share)
+        for _ in range(2):  # the first step checks the shared pass against the full one (the policy's)
+            seen[0] = 0
+            metrics.append(rl_step(policy, opt, None, [group], cfg, None, 0, 64.0, reference=reference))
+        tokens.append(seen[0])
+    shared, full = metrics[0], metrics[2]  # the first steps, from the same weights
+    assert shared["rl/prefix_tokens_shared"] == 40 * 2 and full["rl/prefix_tokens_shared"] == 0
+    assert full["kl/kl"] > 0
+    for key in ("loss/kl", "kl/kl", "loss/grpo", "rl/grad_norm"):
+        assert shared[key] == pytest.approx(full[key], rel=1e-5, abs=1e-9), key
+    assert metrics[1]["kl/kl"] == pytest.approx(metrics[3]["kl/kl"], rel=1e-4)
+    assert tokens == [40 + 3 * 20, 3 * 60]  # the reference's block: the prompt once, then every row's rest

@@ -264,7 +264,7 @@ class RLConfig:
     """The tokens every sequence of a micro-batch starts with (the system prompt and tool list,
     a task's prompt) run once per micro-batch instead of once per sequence, and count once toward
     `micro_batch_tokens` (carl.train.prefix; checked against the full pass once per model, off
-    where they differ). Not with a KL reference (rl.kl_coef > 0), MoE router replay, or N trainer ranks."""
+    where they differ); in the KL reference's pass too. Not with MoE router replay or N trainer ranks."""
     train_summaries: bool = True
     """Self-summaries (the reply to a summary request, which ends a context segment) take the
     episode's advantage like every other reply. False leaves them out of the RL loss: summaries

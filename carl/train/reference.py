@@ -45,8 +45,10 @@ class FullReference:
         yield
 
     def logprobs(self, ids_B_T: torch.Tensor, attn_B_T: torch.Tensor, mask_B_T: torch.Tensor,
-                 temperature: float) -> torch.Tensor:
-        return sequence_logprobs(self.model, ids_B_T, attn_B_T, temperature=temperature, score_mask_B_T=mask_B_T)
+                 temperature: float, prefix_len: int = 0) -> torch.Tensor:
+        """`prefix_len`: the rows' common first tokens run once (sequence_logprobs)."""
+        return sequence_logprobs(self.model, ids_B_T, attn_B_T, temperature=temperature, score_mask_B_T=mask_B_T,
+                                 prefix_len=prefix_len)
 
 
 class SharedTrunkReference:
@@ -55,25 +57,32 @@ class SharedTrunkReference:
     def __init__(self, head: Any, num_layers: int):
         self.model = head  # the start model cut down to its top `num_layers` blocks
         self.num_layers = num_layers
-        self._hidden_B_T_D: torch.Tensor | None = None
+        self._calls: list[torch.Tensor] = []  # what entered the block in each call of the policy's pass
 
     def describe(self) -> str:
         return f"the start model's top {self.num_layers} blocks on the policy's frozen-trunk hidden states"
 
     @contextlib.contextmanager
     def capture(self, policy: Any) -> Iterator[None]:
-        """While the policy's forward runs inside, keep what enters its block -num_layers."""
-        with entering_block(policy, -self.num_layers, lambda h_B_T_D: setattr(self, "_hidden_B_T_D", h_B_T_D)):
+        """While the policy's forward runs inside, keep what enters its block -num_layers: one call
+        (h_B_T_D), or two when the pass runs a shared prefix first (h_1_P_D, then h_B_R_D of the rest)."""
+        self._calls = []
+        with entering_block(policy, -self.num_layers, self._calls.append):
             yield
 
     def logprobs(self, ids_B_T: torch.Tensor, attn_B_T: torch.Tensor, mask_B_T: torch.Tensor,
-                 temperature: float) -> torch.Tensor:
-        hidden_B_T_D, self._hidden_B_T_D = self._hidden_B_T_D, None
-        if hidden_B_T_D is None or hidden_B_T_D.shape[:2] != ids_B_T.shape:
+                 temperature: float, prefix_len: int = 0) -> torch.Tensor:
+        """Log-probs of the captured pass; with `prefix_len` (the pass ran the rows' common first
+        tokens once) the top blocks run that prefix once too."""
+        calls, self._calls = self._calls, []
+        if prefix_len and len(calls) == 2 and calls[0].shape[:2] == (1, prefix_len):
+            prefix_1_P_D, rest_B_R_D = calls  # the prefix's states stand for every row's (the same tokens)
+            calls = [torch.cat([prefix_1_P_D.expand(rest_B_R_D.shape[0], -1, -1), rest_B_R_D], dim=1)]
+        if len(calls) != 1 or calls[0].shape[:2] != ids_B_T.shape:
             raise RuntimeError("SharedTrunkReference.logprobs needs the policy's forward pass on the same batch "
-                               "inside `capture(policy)` first")
+                               f"(prefix_len={prefix_len}) inside `capture(policy)` first")
         return sequence_logprobs(self.model, ids_B_T, attn_B_T, temperature=temperature, score_mask_B_T=mask_B_T,
-                                 inputs_embeds_B_T_D=hidden_B_T_D)
+                                 inputs_embeds_B_T_D=calls[0], prefix_len=prefix_len)
 
 
 @contextlib.contextmanager

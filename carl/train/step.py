@@ -92,10 +92,10 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
     # policy, KL reference, self-distillation teacher, then the backward (idle ones where a rank has none)
     in_step = ((reference.model,) if reference is not None else ()) + ((teacher,) if cfg.sd_weight > 0 else ())
     lockstep = ranks.world > 1
-    # the prompt every sequence starts with runs once per micro-batch (carl.train.prefix); not with
-    # a split KL reference or router replay (both read the policy's whole pass) nor on N ranks
-    # (FSDP ranks must run the same passes)
-    share = cfg.share_prefix and reference is None and replay is None and not lockstep
+    # the prompt every sequence starts with runs once per micro-batch (carl.train.prefix), in the
+    # policy's pass and the KL reference's; not with router replay (it reads the policy's whole
+    # pass) nor on N ranks (FSDP ranks must run the same passes)
+    share = cfg.share_prefix and replay is None and not lockstep
     for micro in ranks.share(micro_batches(seqs, cfg.micro_batch_tokens, share_prefix=share)):
         if micro is None:  # this rank has fewer micro-batches than the others
             idle_micro_batch(model, pad_id, device, in_step)
@@ -126,7 +126,7 @@ def rl_step(model: Any, optimizer: Any, scheduler: Any, groups: list[list[Rollou
 
         if cfg.kl_coef > 0:
             with torch.no_grad(), autocast(reference.model, compute_dtype):
-                ref_B_T = reference.logprobs(ids_B_T, attn_B_T, mask_B_T, temperature)
+                ref_B_T = reference.logprobs(ids_B_T, attn_B_T, mask_B_T, temperature, prefix_len=P)
             kl, km = kl_to_reference_loss(logprobs_B_T, ref_B_T, mask_B_T, token_normalizer)
             kl = cfg.kl_coef * kl
             totals["loss/kl"] += float(kl.detach())
