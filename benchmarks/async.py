@@ -12,7 +12,8 @@ fraction (time it waited for rollouts), the engine's idle fraction (time with no
 groups dropped, the tokens' staleness, rollouts per hour of RL wall time, that rate as a ratio
 to the synchronous arm's, and the ratio of seconds per step over steps 2.. alone (in a short run
 the first step of an async arm waits while the engine also starts the next batches, so the
-first ratio understates a long run's gain and the second overstates it). Results go to --out/async.json with every arm's per-step rows.
+first ratio understates a long run's gain and the second overstates it). Results go to
+--out/async.json with every arm's per-step rows.
 
 Separate devices. Here trainer and engine share 2 CPU cores, so an async run overlaps them only as
 far as the cores allow. With the engine on its own device, a step of the synchronous loop costs

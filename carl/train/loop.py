@@ -38,10 +38,10 @@ from carl.harness.tools import default_tools
 from carl.harness.transcript import transcript_text
 from carl.io import atomic_write_json, atomic_write_text
 from carl.engine.base import Engine, SamplingParams
-from carl.errors import UserError
 from carl.engine.hf import DTYPES, HFEngine, HFEngineConfig, describe_compute, pad_token_id
 from carl.engine.routing import recorder_for
 from carl.engine.weights import WeightStore
+from carl.errors import UserError
 from carl.micro.expert import ExpertMistakes
 from carl.systems.delta_sync import DeltaSyncConfig
 from carl.tasks import TaskRecord, load_tasks
