@@ -68,7 +68,8 @@ def main() -> None:
         if sync:
             r["rollouts_per_hour_vs_sync"] = r["rollouts_per_hour"] / sync["rollouts_per_hour"]
             r["later_steps_vs_sync"] = sync["step_s_mean"] / r["step_s_mean"]
-    out = {"first": str(args.first), "steps": args.steps, "overrides": args.overrides, "arms": results}
+    out = {"first": str(args.first), "steps": args.steps, "overrides": args.overrides, "machine": machine(),
+           "arms": results}
     if sync:
         out["projection_separate_devices"] = projection(sync)
     atomic_write_json(args.out / "async.json", out)
@@ -105,6 +106,16 @@ def summarize(run: Path, wall_s: float) -> dict:
         "arm_wall_s": wall_s,
         "rows": rows,
     }
+
+
+def machine() -> str:
+    """Where the arms ran: the GPU's name when there is one, and the CPU cores."""
+    import os
+
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"{gpu}, {os.cpu_count()} CPU cores"
 
 
 def _config(run: Path) -> dict:
