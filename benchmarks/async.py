@@ -6,7 +6,10 @@
 `--first` is a finished run whose warm-start checkpoint every arm branches from (`carl train
 --branch-from FIRST:0`), e.g. one made with `carl train run_dir=runs/warm rl.steps=0`. Every arm
 trains `--steps` RL steps on the same tasks with the same seed and a fixed number of rollouts
-(rollout.max_extra_batches=0), differing only in rollout.max_staleness. Reported per arm, from its
+(rollout.max_extra_batches=0), differing only in rollout.max_staleness, each in a process of its own
+(so that no arm pays another's start-up; until 2026-12-04 they shared one, and the first arm paid
+CUDA's warm-up in its first step). `--report-only` summarizes what the arms' metrics hold so far
+(arms a time limit cut included). Reported per arm, from its
 metrics.jsonl: seconds per step (mean of steps 2.., the first includes warm-up), the trainer's idle
 fraction (time it waited for rollouts), the engine's idle fraction (time with no request in flight),
 groups dropped, the tokens' staleness, rollouts per hour of RL wall time, that rate as a ratio
@@ -29,7 +32,9 @@ synchronous step ends with a few slow episodes decoding alone (docs/pipeline.md,
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,31 +50,41 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--staleness", default="0,1,2", help="comma-separated max_staleness values")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: summarize the arms' metrics so far (e.g. of arms a time limit cut)")
     p.add_argument("overrides", nargs="*", help="more KEY=VALUE for every arm")
     args = p.parse_args()
     arms = [int(s) for s in args.staleness.split(",")]
     if not arms or min(arms) < 0:
         p.error(f"--staleness: got {args.staleness!r}, expected non-negative integers such as 0,1,2")
-    from carl.cli import main as carl
 
+    root = str(Path(__file__).resolve().parents[1])  # carl from this checkout, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     results = {}
     for s in arms:
         run = args.out / f"staleness{s}"
         t0 = time.monotonic()
-        if not (run / "report.json").exists():
-            code = carl(["train", str(args.first / "config.toml"), f"run_dir={run}", f"rl.steps={args.steps}",
-                         f"rollout.max_staleness={s}", "rollout.max_extra_batches=0", "rl.max_wall_s=0",
-                         *args.overrides, "--branch-from", f"{args.first}:0"])
+        if args.report_only:
+            metrics = run / "metrics.jsonl"
+            if not metrics.exists() or not any("rl/reward_mean" in r for r in read_jsonl(metrics)):
+                print(f"arm max_staleness={s}: no RL step in {run}", file=sys.stderr)
+                continue
+        elif not (run / "report.json").exists():
+            # each arm in a process of its own, so that none pays another's start-up (CUDA's included)
+            code = subprocess.run([sys.executable, "-m", "carl", "train", str(args.first / "config.toml"),
+                                   f"run_dir={run}", f"rl.steps={args.steps}", f"rollout.max_staleness={s}",
+                                   "rollout.max_extra_batches=0", "rl.max_wall_s=0", *args.overrides,
+                                   "--branch-from", f"{args.first}:0"], env=env).returncode
             if code != 0:
                 raise SystemExit(f"arm max_staleness={s} failed (exit {code}); see {run}")
-        results[s] = summarize(run, time.monotonic() - t0)
+        results[s] = summarize(run, float("nan") if args.report_only else time.monotonic() - t0)
     sync = results.get(0)
     for s, r in results.items():
         if sync:
             r["rollouts_per_hour_vs_sync"] = r["rollouts_per_hour"] / sync["rollouts_per_hour"]
             r["later_steps_vs_sync"] = sync["step_s_mean"] / r["step_s_mean"]
-    out = {"first": str(args.first), "steps": args.steps, "overrides": args.overrides, "machine": machine(),
-           "arms": results}
+    out = {"first": str(args.first), "steps": args.steps, "overrides": args.overrides,
+           "machine": "unknown (--report-only)" if args.report_only else machine(), "arms": results}
     if sync:
         out["projection_separate_devices"] = projection(sync)
     atomic_write_json(args.out / "async.json", out)
@@ -110,8 +125,6 @@ def summarize(run: Path, wall_s: float) -> dict:
 
 def machine() -> str:
     """Where the arms ran: the GPU's name when there is one, and the CPU cores."""
-    import os
-
     import torch
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
