@@ -55,6 +55,8 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     "grpo": ["rl.sd_weight=0", "shaping.tool_error_cost=0"],
     "grpo+errcost": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1"],
     "grpo+errcost+finish": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.require_finish=true"],
+    # episodes that end without finish are left out of training instead of scored (DAPO's overlong filtering)
+    "grpo+errcost+mask": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.mask_unfinished=true"],
     "grpo+kl": ["rl.sd_weight=0", "shaping.tool_error_cost=0", "rl.kl_coef=0.1"],
     "grpo+errcost+kl": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0"],
     "grpo+errcost+kl+12steps": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12"],

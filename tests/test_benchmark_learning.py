@@ -125,6 +125,7 @@ def test_an_arm_with_other_eval_settings_evaluates_the_warm_start_again(tmp_path
     assert learning.eval_changes(first, None, ["seed=0", "rl.sd_weight=0.5"]) == []  # training settings only
     assert learning.eval_changes(first, None, ["limits.context_strategy=truncate", "eval.samples_per_task=4"]) == [
         "eval.samples_per_task: 2 -> 4", "limits.context_strategy: 'summarize' -> 'truncate'"]
+    assert learning.eval_changes(first, None, ["seed=1"]) == ["seed: 0 -> 1"]  # other episode streams
     other = tmp_path / "other.jsonl"  # `carl train --branch-from` with its own held-out tasks
     assert warm_eval_changes(first, load_config(TrainConfig, None, [f"eval_tasks={other}"])) == [
         f"eval_tasks: {str((first / 'micro' / 'eval.jsonl').resolve())!r} -> {str(other)!r}"]

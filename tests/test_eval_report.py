@@ -84,6 +84,25 @@ def test_outcomes_and_digests_list_each_sample_in_order_with_infra_failures_mark
     assert [(t["outcomes"], t["digests"]) for t in r["tasks"]] == [("1x0", ["d1", "d2", "d3"]), ("0", ["d4"])]
 
 
+def test_passes_finished_counts_the_passes_that_called_finish():
+    """A pass that ran on to the turn limit is a pass, but it never said it was done."""
+    s = [
+        Sample("a", True, 1.0, 10, 3, 0, 1.0, stop_reason="finished"),
+        Sample("a", True, 1.0, 10, 3, 0, 1.0, stop_reason="max_turns"),
+        Sample("a", False, 0.0, 0, 0, 0, 0.0, infra_failure=True, stop_reason="sandbox_error"),
+        Sample("b", False, 0.0, 10, 3, 0, 1.0, stop_reason="finished"),  # a failed finish does not count
+        Sample("b", True, 1.0, 10, 3, 0, 1.0, stop_reason="finished"),
+    ]
+    r = build_report("t", s, k=1)
+    assert [t.finished for t in r.tasks] == ["10x", "11"]
+    assert r.summary()["passes_finished"] == pytest.approx(2 / 3)
+    assert r.summary()["finish_rate"] == pytest.approx((0.5 + 1.0) / 2)
+    assert build_report("t", s[3:4], k=1).summary()["passes_finished"] is None  # no pass: no rate
+    older = build_report("t", s[:2], k=1)
+    older.tasks[0].finished = ""  # a report written before per-sample finish records
+    assert older.summary()["passes_finished"] is None
+
+
 def test_episode_digest_tells_apart_what_the_policy_wrote():
     from carl.eval.bench import episode_digest
     from carl.types import Trajectory, Turn
@@ -110,7 +129,8 @@ def test_the_tables_stay_readable_in_80_columns():
     print_final_report(console, reports, __import__("pathlib").Path("/tmp/run"))
     text = console.export_text()
     assert "…" not in text
-    for header in ("passed", "pass@1", "tokens", "calls", "done", "wall s", "infra", "checkpoint", "warm_start"):
+    for header in ("passed", "pass@1", "tokens", "calls", "done", "done|pass", "wall s", "infra", "checkpoint",
+                   "warm_start"):
         assert header in text, header
     lines = text.splitlines()
     body = lines[next(i for i, line in enumerate(lines) if "───" in line) + 1:]

@@ -122,11 +122,14 @@ def test_require_finish_fails_a_passing_episode_that_never_called_finish(tmp_pat
 
     task, tools, sandbox = _micro_task(tmp_path, seed=1)
 
-    def run(max_turns, require_finish):
+    def run(max_turns, require_finish, mask_unfinished=False):
         (group,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes()), [task], 1,
                                   EpisodeLimits(max_turns=max_turns), tools, sandbox,
-                                  shaping=ShapingConfig(require_finish=require_finish))
+                                  shaping=ShapingConfig(require_finish=require_finish, mask_unfinished=mask_unfinished))
         (r,) = group
+        if mask_unfinished:
+            return r.trajectory.stop_reason, r.passed, r.reward, r.trained
+        assert r.trained
         return r.trajectory.stop_reason, r.passed, r.reward
 
     full = run(8, False)
@@ -137,6 +140,14 @@ def test_require_finish_fails_a_passing_episode_that_never_called_finish(tmp_pat
     assert run(turns - 1, False) == (StopReason.MAX_TURNS, True, 1.0)  # tests pass, no finish: scored as a pass
     assert run(turns - 1, True) == (StopReason.MAX_TURNS, False, 0.0)  # ... unless finish is required
     assert run(turns, True) == (StopReason.FINISHED, True, 1.0)
+    # mask_unfinished scores it as it is but leaves it out of training; a finished one trains
+    assert run(turns - 1, False, True) == (StopReason.MAX_TURNS, True, 1.0, False)
+    assert run(turns, False, True) == (StopReason.FINISHED, True, 1.0, True)
+
+
+def test_shaping_takes_one_treatment_of_unfinished_episodes():
+    with pytest.raises(ValueError, match="require_finish and shaping.mask_unfinished"):
+        ShapingConfig(require_finish=True, mask_unfinished=True)
 
 
 def test_has_signal_needs_a_pass_and_a_fail_not_just_a_penalty():

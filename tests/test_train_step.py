@@ -101,6 +101,20 @@ def test_invalid_rollouts_are_excluded(tiny_dir):
         torch.testing.assert_close(with_invalid[k], without[k])
 
 
+def test_untrained_rollouts_leave_the_baseline_and_the_loss(tiny_dir):
+    """An episode shaping leaves out (mask_unfinished, no finish call) moves nothing: not its own
+    tokens, and not its siblings' advantages through the group's mean, although it passed."""
+    group = _group([1.0, 0.0, 0.0])
+    unfinished = dataclasses.replace(token_rollout(*_seq(99), reward=1.0), trained=False)
+    metrics_a, with_untrained = _deltas(tiny_dir, [group + [unfinished]])
+    metrics_b, without = _deltas(tiny_dir, [group])
+    assert metrics_a["rl/num_sequences"] == metrics_b["rl/num_sequences"] == 3
+    for k in without:
+        torch.testing.assert_close(with_untrained[k], without[k])
+    _, trained = _deltas(tiny_dir, [group + [dataclasses.replace(unfinished, trained=True)]])
+    assert any(not torch.equal(trained[k], without[k]) for k in without)  # the same rollout, trained: it counts
+
+
 def test_group_with_equal_rewards_does_not_move_the_policy(tiny_dir):
     metrics, deltas = _deltas(tiny_dir, [_group([1.0, 1.0, 1.0])])
     assert metrics["loss/total"] == 0.0
@@ -215,6 +229,9 @@ def test_a_group_has_signal_only_when_its_valid_rewards_differ():
     masked = _group([1.0, 0.0])
     masked[1] = dataclasses.replace(masked[1], valid=False)  # an infrastructure failure is not a 0
     assert not has_signal(masked)
+    unfinished = _group([1.0, 0.0])
+    unfinished[0] = dataclasses.replace(unfinished[0], trained=False)  # shaping.mask_unfinished left it out
+    assert not has_signal(unfinished)
 
 
 def _summarized_rollout(reward):

@@ -68,6 +68,7 @@ class TaskReport:
     tokens_counted: bool = True  # every scored sample's tokens were counted
     monitor_flags: dict[str, int] = field(default_factory=dict)  # flag kind -> scored samples flagged
     mean_context_resets: float = 0.0  # context resets (summaries or truncations) per scored sample
+    finished: str = ""  # per sample in sample order, as outcomes: "1" called finish, "0" did not, "x" infrastructure
 
 
 @dataclass
@@ -104,11 +105,20 @@ class BenchReport:
             "wall_s_per_task": mean("mean_wall_s"),
             "finish_rate": mean("finish_rate"),
             "context_resets_per_task": mean("mean_context_resets"),
+            "passes_finished": self.passes_finished(),
             "infra_failures": sum(t.infra_failures for t in self.tasks),
             "stop_reasons": dict(sum((Counter(t.stop_reasons) for t in self.tasks), Counter())),
             "infra_errors": self.infra_errors(),
             "monitor_flags": dict(sum((Counter(t.monitor_flags) for t in self.tasks), Counter()).most_common()),
         }
+
+    def passes_finished(self) -> float | None:
+        """Of the samples that passed, the fraction that ended with a finish call: an agent that
+        solves the task and then runs on to the turn limit never says it is done. None when no sample
+        passed, or the report predates per-sample finish records."""
+        pairs = [(o, f) for t in self.tasks if len(t.finished) == len(t.outcomes)
+                 for o, f in zip(t.outcomes, t.finished) if o == "1"]
+        return sum(f == "1" for _, f in pairs) / len(pairs) if pairs else None
 
     def infra_errors(self) -> dict[str, int]:
         """Why samples failed in the infrastructure, counted over all tasks, most common first."""
@@ -148,6 +158,7 @@ def build_report(name: str, samples: list[Sample], k: int) -> BenchReport:
                 tokens_counted=all(s.tokens_counted for s in ok),
                 monitor_flags=dict(Counter(f for s in ok for f in s.monitor_flags)),
                 mean_context_resets=_mean([s.context_resets for s in ok]),
+                finished="".join("x" if s.infra_failure else str(int(s.stop_reason == "finished")) for s in group),
             )
         )
     return report

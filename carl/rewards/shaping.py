@@ -5,6 +5,10 @@
     else                           -> the test reward after the monitor's action
     minus tool_error_cost per failed tool call, at most MAX_TOOL_ERROR_PENALTY in all
 
+    mask_unfinished, no finish call -> scored as above, but kept out of its group's baseline and
+                                       the loss (`trained`): nothing an unfinished episode did is
+                                       reinforced or punished
+
 `passed` (the outcome evaluation counts) is stricter than a positive reward: the tests pass, the
 monitor saw nothing suspicious and, with require_finish, the agent called finish.
 """
@@ -28,10 +32,19 @@ class ShapingConfig:
     most 0.5 in all, so a pass still outranks any fail; 0 turns it off."""
     require_finish: bool = False
     """Score an episode that ends without calling finish (out of turns, tokens or time) as a fail."""
+    mask_unfinished: bool = False
+    """Leave an episode that ends without calling finish out of training (its group's baseline and
+    the loss), as DAPO's overlong filtering and prime-rl's truncated-completion mask do: an episode
+    that passed and then ran out of turns is not rewarded for the turns after the pass, and one
+    that failed that way is not punished for calls that might have led somewhere. Its reward and
+    outcome still count in the metrics and in evaluation."""
 
     def __post_init__(self) -> None:
         if self.tool_error_cost < 0:
             raise ValueError(f"shaping.tool_error_cost: got {self.tool_error_cost}, expected >= 0")
+        if self.require_finish and self.mask_unfinished:
+            raise ValueError("shaping.require_finish and shaping.mask_unfinished: got both true, expected at "
+                             "most one (an unfinished episode is either scored as a fail or left out of training)")
 
 
 def tool_error_penalty(num_tool_errors: int, cost_per_error: float) -> float:
@@ -39,6 +52,12 @@ def tool_error_penalty(num_tool_errors: int, cost_per_error: float) -> float:
     if cost_per_error < 0:
         raise ValueError(f"cost_per_error: got {cost_per_error}, expected >= 0")
     return min(cost_per_error * num_tool_errors, MAX_TOOL_ERROR_PENALTY)
+
+
+def trained(trajectory: Trajectory, config: ShapingConfig) -> bool:
+    """Whether the episode enters its group's baseline and the loss (False: mask_unfinished and no
+    finish call)."""
+    return not (config.mask_unfinished and trajectory.stop_reason is not StopReason.FINISHED)
 
 
 def training_reward(ep: EpisodeReward, trajectory: Trajectory, config: ShapingConfig) -> tuple[float, bool]:

@@ -24,7 +24,7 @@ from typing import Any
 from carl.harness.agent import EpisodeLimits, run_episode
 from carl.harness.tools.base import Tool
 from carl.rewards.episode import reward_from_trajectory
-from carl.rewards.shaping import ShapingConfig, training_reward
+from carl.rewards.shaping import ShapingConfig, trained, training_reward
 from carl.rewards.monitor import MonitorConfig
 from carl.rewards.reward import RewardConfig
 from carl.sandbox import open_sandbox
@@ -42,6 +42,9 @@ class Rollout:
     penalty when a cost is set (`passed` is the outcome)."""
     valid: bool = True
     """False for infrastructure failures: masked out of advantages and losses."""
+    trained: bool = True
+    """False for a valid episode that shaping leaves out of training (`shaping.mask_unfinished`
+    and no finish call): out of advantages and losses, but its reward and outcome count."""
     passed: bool = False
     """The tests pass in a clean sandbox and the monitor saw nothing suspicious (and, with
     `require_finish`, the agent called finish)."""
@@ -114,6 +117,7 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         trajectory=traj,
         reward=shaped,
         valid=not r.infra_failure,
+        trained=trained(traj, shaping),
         passed=passed,
         feedback=r.result.feedback,
         monitor_flags=sorted(r.monitor.kinds()),
@@ -146,7 +150,7 @@ def has_signal(group: list[Rollout]) -> bool:
     does GRPO see an advantage from the task itself (and a failed rollout a successful sibling to
     be distilled towards). Rewards that differ only by the tool-error penalty do not count, so
     dynamic sampling keeps looking for task signal."""
-    return len({r.passed for r in group if r.valid}) > 1
+    return len({r.passed for r in group if r.valid and r.trained}) > 1
 
 
 def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:
@@ -167,6 +171,7 @@ def rollout_metrics(groups: list[list[Rollout]]) -> dict[str, float]:
         "rl/summaries_per_episode": sum(r.trajectory.metadata.get("num_summaries", 0) for r in valid) / n,
         "rl/truncations_per_episode": sum(r.trajectory.metadata.get("num_truncations", 0) for r in valid) / n,
         "rl/finish_rate": sum(r.trajectory.stop_reason == StopReason.FINISHED for r in valid) / n,
+        "rl/untrained": float(sum(not r.trained for r in valid)),
         "rl/infra_failures": float(len(flat) - len(valid)),
         "rl/monitor_flagged": float(sum(bool(r.monitor_flags) for r in valid)),
     }

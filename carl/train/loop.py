@@ -381,8 +381,11 @@ def run_eval(name: str, policy: Engine, cfg: TrainConfig, tasks, tools, progress
     result = report.to_dict()
     log.eval_report(step, result)
     s = report.summary()
-    log.log(step, {"eval/pass@1": s["pass@1"], "eval/pass@k": s[f"pass@{report.k}"],
-                   "eval/tokens_per_task": s["tokens_per_task"], "eval/finish_rate": s["finish_rate"]})
+    row = {"eval/pass@1": s["pass@1"], "eval/pass@k": s[f"pass@{report.k}"], "eval/tokens_per_task": s["tokens_per_task"],
+           "eval/finish_rate": s["finish_rate"], "eval/context_resets_per_task": s["context_resets_per_task"]}
+    if s["passes_finished"] is not None:  # no sample passed: no rate
+        row["eval/passes_finished"] = s["passes_finished"]
+    log.log(step, row)
     return result
 
 
@@ -393,14 +396,16 @@ def print_final_report(console: Console, reports: dict[str, dict], run_dir: Path
     from carl.eval.report import add_columns
 
     table = Table(title="carl train: held-out micro tasks")
-    cols = ["checkpoint", "pass@1", "pass@k", "tokens", "calls", "done", "wall s"]
+    cols = ["checkpoint", "pass@1", "pass@k", "tokens", "calls", "done", "done|pass", "wall s"]
     add_columns(table, cols, "checkpoint")
-    table.caption = "per task: tokens, tool calls, wall s; done: fraction of samples that called finish"
+    table.caption = ("per task: tokens, tool calls, wall s; done: fraction of samples that called finish; "
+                     "done|pass: of the samples that passed")
     for name, r in reports.items():
         s = r["summary"]
         k = s["k"]
         table.add_row(s.get("name", name), f"{s['pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['tokens_per_task']:.0f}",
-                      f"{s['tool_calls_per_task']:.1f}", _rate(s.get("finish_rate")), f"{s['wall_s_per_task']:.1f}")
+                      f"{s['tool_calls_per_task']:.1f}", _rate(s.get("finish_rate")), _rate(s.get("passes_finished")),
+                      f"{s['wall_s_per_task']:.1f}")
     console.print(table)
     if "warm_start" in reports and "rl" in reports:
         console.print(rl_gain_lines(reports["warm_start"], reports["rl"]), highlight=False)

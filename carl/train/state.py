@@ -156,7 +156,9 @@ def branch_task_files(source: Path) -> dict[str, str]:
     return {k: str(p.resolve()) for k, p in files.items()}
 
 
-EVAL_SETTINGS = ("limits", "eval", "rollout.top_p")  # what an eval's outcomes depend on, with weights and tasks
+EVAL_SETTINGS = ("limits", "eval", "rollout.top_p", "seed")
+"""What an eval's outcomes depend on, besides weights and tasks (`seed` names the sampler's episode
+streams: under another seed, the warm start's eval is not on the branch's random numbers)."""
 
 
 def warm_eval_changes(source: Path, cfg: Any) -> list[str]:

@@ -185,11 +185,11 @@ def build_sequences(groups: list[list[Rollout]], cfg: RLConfig, tokenizer: Any,
     seqs: list[TrainSequence] = []
     for group in groups:
         rewards_G = torch.tensor([r.reward for r in group], dtype=torch.float32)
-        valid_G = torch.tensor([r.valid and bool(r.trajectory.segments) for r in group])
+        valid_G = torch.tensor([r.valid and r.trained and bool(r.trajectory.segments) for r in group])
         advantages_G = group_advantages(rewards_G, valid_G)
         if any(r.advantage is not None for r in group):  # the caller's own baseline
             advantages_G = torch.tensor([r.advantage or 0.0 for r in group], dtype=torch.float32)
-        sibling = next((r.trajectory for r in group if r.valid and r.passed), None)
+        sibling = next((r.trajectory for r in group if r.valid and r.trained and r.passed), None)
         for r, adv, ok in zip(group, advantages_G.tolist(), valid_G.tolist()):
             if not ok or not any(any(s.generated_mask_T) for s in r.trajectory.segments):
                 continue
