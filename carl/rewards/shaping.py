@@ -34,7 +34,7 @@ class ShapingConfig:
     """Score an episode that ends without calling finish (out of turns, tokens or time) as a fail."""
     mask_unfinished: bool = False
     """Leave an episode that ends without calling finish out of training (its group's baseline and
-    the loss), as DAPO's overlong filtering and prime-rl's truncated-completion mask do: an episode
+    the loss), as DAPO's overlong filtering and TRL's mask_truncated_completions do: an episode
     that passed and then ran out of turns is not rewarded for the turns after the pass, and one
     that failed that way is not punished for calls that might have led somewhere. Its reward and
     outcome still count in the metrics and in evaluation."""
