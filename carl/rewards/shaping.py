@@ -37,7 +37,9 @@ class ShapingConfig:
     the loss), as DAPO's overlong filtering and TRL's mask_truncated_completions do: an episode
     that passed and then ran out of turns is not rewarded for the turns after the pass, and one
     that failed that way is not punished for calls that might have led somewhere. Its reward and
-    outcome still count in the metrics and in evaluation."""
+    outcome still count in the metrics and in evaluation. A policy can use it: a failing episode
+    that never calls finish escapes the negative advantage a finished one gets (measured in
+    docs/training.md, "Finishing"; off by default)."""
 
     def __post_init__(self) -> None:
         if self.tool_error_cost < 0:
