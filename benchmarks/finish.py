@@ -140,15 +140,15 @@ def main() -> None:
                      "passes_finished_after_rl": spread([r["rl"]["passes_finished"] for r in mine
                                                          if r["rl"]["passes_finished"] is not None]),
                      "resets_per_episode_after_rl": spread([r["rl"]["resets_per_episode"] for r in mine])}
-    print(f"{'arm':<10} {'run':<28} {'pass@1':>11} {'RL-warm ± se':>14} {'done':>11} {'done|pass':>11} "
-          f"{'resets':>11} {'cut':>7}")
+    pf = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    cols = ("pass@1", "RL-warm ± se", "done", "done|pass", "resets", "cut")
+    print(f"{'arm':<10} {'run':<20} " + " ".join(f"{c:>{width}}" for c, width in zip(cols, (11, 14, 9, 9, 9, 5))))
     for r in results:
         w, a = r["warm"], r["rl"]
-        pf = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-        print(f"{r['arm']:<10} {Path(r['run']).name:<28} {r['pass@1'][0]:.3f}>{r['pass@1'][1]:.3f} "
-              f"{r['rl_minus_warm']:+.3f} ± {r['se_over_tasks']:.3f} {w['finish_rate']:.2f}>{a['finish_rate']:.2f}"
-              f"   {pf(w['passes_finished'])}>{pf(a['passes_finished'])}   {w['resets_per_episode']:.2f}>"
-              f"{a['resets_per_episode']:.2f}   {w['summaries_cut']}>{a['summaries_cut']}")
+        cells = (f"{r['pass@1'][0]:.3f}>{r['pass@1'][1]:.3f}", f"{r['rl_minus_warm']:+.3f} ± {r['se_over_tasks']:.3f}",
+                 f"{w['finish_rate']:.2f}>{a['finish_rate']:.2f}", f"{pf(w['passes_finished'])}>{pf(a['passes_finished'])}",
+                 f"{w['resets_per_episode']:.2f}>{a['resets_per_episode']:.2f}", f"{w['summaries_cut']}>{a['summaries_cut']}")
+        print(f"{r['arm']:<10} {Path(r['run']).name:<20} " + " ".join(f"{c:>{width}}" for c, width in zip(cells, (11, 14, 9, 9, 9, 5))))
     for arm, s in arms.items():
         g = s["rl_minus_warm"]
         interval = "one run: no interval" if g["sd"] is None else f"sd {g['sd']:.3f}, 95% {g['low']:+.3f} to {g['high']:+.3f}"
