@@ -23,7 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections import defaultdict
+from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 from carl.eval.paired import over_tasks, paired_difference
@@ -59,14 +60,7 @@ def describe(rows: list[dict]) -> dict:
             "resets_per_episode": sum(r["resets"] for r in scored) / n,
             "episodes_with_a_reset": sum(r["resets"] > 0 for r in scored),
             "summaries_cut": sum(r["summaries_cut"] for r in scored),
-            "stops": dict(sorted(_count(r["stop"] for r in scored).items()))}
-
-
-def _count(xs) -> dict:
-    out: dict = defaultdict(int)
-    for x in xs:
-        out[x] += 1
-    return out
+            "stops": dict(sorted(Counter(r["stop"] for r in scored).items()))}
 
 
 def step_of(report_path: Path) -> int:
@@ -77,9 +71,9 @@ def digests(report: dict) -> tuple[str, ...]:
     return tuple(d for t in report["tasks"] for d in t.get("digests", []))
 
 
-def run_summary(arm: str, run: Path, made_by: dict[tuple, Path]) -> tuple[dict, list[dict]]:
-    """`made_by`: a warm-start eval's per-sample digests -> the run whose transcripts hold it (a branch
-    copies its source's report but not the transcripts)."""
+def run_summary(arm: str, run: Path, made_by: dict[tuple, list[dict]]) -> tuple[dict, list[dict]]:
+    """`made_by`: a warm-start eval's per-sample digests -> its episodes, read from the run whose
+    transcripts hold it (a branch copies its source's report but not the transcripts)."""
     reports = sorted(run.glob("eval/step*.json"))
     if len(reports) < 2:
         raise SystemExit(f"{run}: expected a warm-start and an after-RL eval report under eval/, found "
@@ -87,7 +81,8 @@ def run_summary(arm: str, run: Path, made_by: dict[tuple, Path]) -> tuple[dict, 
     first, last = reports[0], reports[-1]
     warm, rl = (json.loads(p.read_text()) for p in (first, last))
     steps = [step_of(p) for p in (first, last)]
-    by_step = {steps[0]: episodes(made_by.get(digests(warm), run), steps[0]), steps[1]: episodes(run, steps[1])}
+    warm_rows = made_by.get(digests(warm)) or episodes(run, steps[0])
+    by_step = {steps[0]: warm_rows, steps[1]: episodes(run, steps[1])}
     for s, report in zip(steps, (warm, rl)):  # the report's own per-sample record checks the transcripts
         outcomes = "".join(x["outcomes"] for x in report["tasks"])
         read = "".join({"pass": "1", "fail": "0", "infra": "x"}[r["verdict"]] for r in by_step[s])
@@ -106,8 +101,7 @@ def run_summary(arm: str, run: Path, made_by: dict[tuple, Path]) -> tuple[dict, 
 
 
 def spread(values: list[float]) -> dict:
-    s = seed_spread(values)
-    return {"n": s.n, "mean": s.mean, "sd": s.sd, "low": s.low, "high": s.high}
+    return asdict(seed_spread(values))
 
 
 def main() -> None:
@@ -124,8 +118,8 @@ def main() -> None:
     made_by = {}
     for _, run in specs:
         first = min(run.glob("eval/step*.json"), default=None)
-        if first and episodes(run, step_of(first)):
-            made_by[digests(json.loads(first.read_text()))] = run
+        if first and (rows := episodes(run, step_of(first))):
+            made_by[digests(json.loads(first.read_text()))] = rows
     results, all_rows = [], []
     for arm, run in specs:
         summary, rows = run_summary(arm, run, made_by)
