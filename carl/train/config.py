@@ -333,9 +333,12 @@ class TrainConfig:
     """A tasks.jsonl for RL only (with `tasks`); default: RL on `tasks`."""
     eval_tasks: str = ""
     limits: EpisodeLimits = field(default_factory=lambda: EpisodeLimits(
-        max_turns=6, max_new_tokens=128, max_tokens=6000, context_budget_tokens=2048, wall_time_s=300.0))
+        max_turns=6, max_new_tokens=128, max_tokens=6000, context_budget_tokens=3072, wall_time_s=300.0))
     """The episode limits of RL rollouts and evals (carl.harness.agent.EpisodeLimits; the CPU
-    default keeps episodes short: 6 turns of at most 128 tokens in a 2,048-token context)."""
+    default keeps episodes short: 6 turns of at most 128 tokens in a 3,072-token context). At 2,048
+    tokens a failed test run's output resets the context (self-summary at 80%) and the summary
+    takes a turn of the six, so after RL most failing episodes ran out of turns instead of
+    finishing; at 3,072 a micro-world episode never resets (docs/training.md, "Finishing")."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     rl: RLConfig = field(default_factory=RLConfig)
