@@ -67,6 +67,10 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # ~48 tasks once each (the 4-task fit in docs/training.md learned each task's answer, not the mapping)
     "grpo+errcost+kl+cover24": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12",
                                 "micro.rl_repos=24", "rollout.group_size=8", "rollout.tasks_per_step=4"],
+    # the default's context budget (3,072 since 2026-12-04) against the 2,048 before it: a ctx2048 branch
+    # of a ctx3072 run trains and evaluates its warm start at 2,048 (docs/training.md, "Finishing")
+    "grpo+errcost+ctx3072": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "limits.context_budget_tokens=3072"],
+    "grpo+errcost+ctx2048": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "limits.context_budget_tokens=2048"],
     "grpo+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0"],
     # self-distillation on top of the default (grpo+errcost): the one change is rl.sd_weight
     "grpo+errcost+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0.1"],
