@@ -338,7 +338,8 @@ class TrainConfig:
     default keeps episodes short: 6 turns of at most 128 tokens in a 3,072-token context). At 2,048
     tokens a failed test run's output resets the context (self-summary at 80%) and the summary
     takes a turn of the six, so after RL most failing episodes ran out of turns instead of
-    finishing; at 3,072 a micro-world episode never resets (docs/training.md, "Finishing")."""
+    finishing; at 3,072 no held-out micro-world episode reset in the runs measured (docs/training.md,
+    "Finishing")."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     rl: RLConfig = field(default_factory=RLConfig)
