@@ -355,7 +355,7 @@ class TrainConfig:
     that finish 0.44 -> 0.00 while pass@1 rose); on, from the same warm start (one run): 0.44 ->
     0.89, but 22 of 24 failed episodes then finished early, and pass@1 went 0.361 -> 0.333.
     mask_unfinished (off): two runs, finish rate 0.58 -> 0.00 and 0.69 -> 0.42; what ends the finish
-    habit here is context resets in a 6-turn budget (docs/training.md, "Finishing").
+    habit here was context resets in the 6-turn, 2,048-token budget (docs/training.md, "Finishing").
     Evaluation always counts the tests alone."""
     monitor: MonitorConfig = field(default_factory=lambda: MonitorConfig(action="zero"))
     """The reward-hacking monitor (carl.rewards.monitor). RL zeroes the reward of a flagged rollout
