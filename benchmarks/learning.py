@@ -71,6 +71,12 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # of a ctx3072 run trains and evaluates its warm start at 2,048 (docs/training.md, "Finishing")
     "grpo+errcost+ctx3072": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "limits.context_budget_tokens=3072"],
     "grpo+errcost+ctx2048": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "limits.context_budget_tokens=2048"],
+    # Dr. GRPO against GRPO + self-distillation at equal rollouts (issue 30): both at the 3,072 default,
+    # branched from a ctx3072 run's warm start; rl.max_rollouts, not the step count, ends them
+    "grpo+errcost+ctx3072+r64": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1",
+                                 "limits.context_budget_tokens=3072", "rl.steps=20", "rl.max_rollouts=64"],
+    "grpo+errcost+sd+ctx3072+r64": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0.1",
+                                    "limits.context_budget_tokens=3072", "rl.steps=20", "rl.max_rollouts=64"],
     "grpo+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0"],
     # self-distillation on top of the default (grpo+errcost): the one change is rl.sd_weight
     "grpo+errcost+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0.1"],

@@ -144,7 +144,9 @@ def test_a_weight_update_lands_while_requests_run_and_their_versions_say_so(setu
     p = _prompt(tokenizer)
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-    lengths = [100 + 250 * i for i in range(6)]  # no stop id: each runs to its own length
+    # no stop id: each runs to its own length; 700 tokens apart, so that the update (sent once the
+    # shortest is back) lands while the longest still has 3,500 to go, even on a loaded machine
+    lengths = [100 + 700 * i for i in range(6)]
     crossed = False
     for _attempt in range(3):  # on a loaded machine the update can land after every generation ended: again
         version = engine.policy_version + 1
