@@ -77,6 +77,10 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
                                  "limits.context_budget_tokens=3072", "rl.steps=20", "rl.max_rollouts=64"],
     "grpo+errcost+sd+ctx3072+r64": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0.1",
                                     "limits.context_budget_tokens=3072", "rl.steps=20", "rl.max_rollouts=64"],
+    # the same budget and batch size with more rollouts per task: G = 8 x 1 task a step instead of 4 x 2
+    "grpo+errcost+ctx3072+r64+g8": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1",
+                                    "limits.context_budget_tokens=3072", "rl.steps=20", "rl.max_rollouts=64",
+                                    "rollout.group_size=8", "rollout.tasks_per_step=1"],
     "grpo+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0"],
     # self-distillation on top of the default (grpo+errcost): the one change is rl.sd_weight
     "grpo+errcost+sd": ["rl.sd_weight=0.5", "shaping.tool_error_cost=0.1"],
