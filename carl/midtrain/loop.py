@@ -43,7 +43,7 @@ from carl.train.checkpoint import latest_checkpoint, load_trainer_state, save_ch
 from carl.train.loop import resolve_model_path, seed_everything, set_trainable
 from carl.train.metrics import MetricsLog, git_revision
 from carl.train.progress import RunProgress, clock
-from carl.train.ranks import Ranks, init_from_env, make_optimizer, shard_model
+from carl.train.ranks import Ranks, make_optimizer, shard_model, torchrun_ranks
 from carl.train.trainer import SavedState, gathered_state, set_state
 
 PLOTS = {
@@ -75,7 +75,11 @@ class MidtrainState:
 
 
 def midtrain(cfg: MidtrainConfig, console: Console | None = None) -> dict[str, Any]:
-    ranks = init_from_env()
+    with torchrun_ranks() as ranks:
+        return run_midtrain(cfg, ranks, console)
+
+
+def run_midtrain(cfg: MidtrainConfig, ranks: Ranks, console: Console | None) -> dict[str, Any]:
     lead = ranks.rank == 0
     console = console if console is not None and lead else Console(quiet=not lead)
 

@@ -49,7 +49,7 @@ from carl.train.checkpoint import latest_checkpoint
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
 from carl.train.progress import RunProgress
-from carl.train.ranks import init_from_env
+from carl.train.ranks import torchrun_ranks
 from carl.train.state import RunState
 from carl.train.trainer import Trainer, follow
 from carl.rewards.reward import RewardConfig
@@ -60,10 +60,15 @@ from carl.train.warm_start import expert_rollouts, sft_batches
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
-    if init_from_env().rank > 0:  # torchrun: ranks 1..N-1 run the trainer's collectives, rank 0 the rest
-        follow(Trainer(cfg, resolve_model_path(cfg.model.path)))
-        return {}
-    console = console or Console()
+    with torchrun_ranks() as ranks:
+        if ranks.rank > 0:  # torchrun: ranks 1..N-1 run the trainer's collectives, rank 0 the rest
+            follow(Trainer(cfg, resolve_model_path(cfg.model.path)))
+            return {}
+        return lead_run(cfg, console or Console())
+
+
+def lead_run(cfg: TrainConfig, console: Console) -> dict[str, Any]:
+    """Rank 0 (the only rank without torchrun): the run, start to end."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar per weights load and save, dozens a run: the run's own line says more
