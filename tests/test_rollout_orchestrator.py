@@ -43,10 +43,10 @@ class FakeEpisodes:
         return fut
 
 
-def _orchestrator(ep, S, stale="pace", extra=0, start_pos=0, start_version=0):
+def _orchestrator(ep, S, stale="pace", extra=0, start_pos=0, start_version=0, end_step=None):
     return Orchestrator(ep.submit, num_tasks=10, order=list(range(10)), group_size=G, tasks_per_step=T,
                         max_staleness=S, stale=stale, start_pos=start_pos, start_version=start_version,
-                        max_extra_batches=extra).start()
+                        max_extra_batches=extra, end_step=end_step).start()
 
 
 def _train(orch, ep, steps, train_s=0.05):
@@ -81,6 +81,16 @@ def test_staleness_1_runs_the_next_steps_rollouts_while_the_trainer_trains():
         assert all(step - g.min_version <= 1 for g in got.groups)
         assert got.dropped == 0  # pacing never starts a group that would be too old
     assert any(got.staleness["staleness/token_max"] == 1.0 for got in taken)
+
+
+@pytest.mark.parametrize("S", [0, 1, 2])
+def test_no_group_starts_for_a_step_past_the_runs_last(S):
+    """With end_step (rl.steps), the episodes started are exactly those the steps train on: none for
+    a step the run never takes, which the run would otherwise wait for as it ends."""
+    ep = FakeEpisodes()
+    taken = _train(_orchestrator(ep, S=S, end_step=3), ep, steps=3, train_s=0.1)
+    time.sleep(0.1)  # time for a group the producer should not start
+    assert len(ep.started) == sum(len(got.groups) for got in taken) * G == 3 * T * G
 
 
 def test_drop_keeps_workers_busy_and_drops_groups_older_than_the_bound():

@@ -135,8 +135,13 @@ def test_a_crash_before_the_rl_checkpoint_resumes_from_step_0_and_logs_the_step_
 
 @pytest.mark.parametrize("budget", ["rl.max_wall_s=0.001", "rl.max_rollouts=2"])
 def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_rerun_trains_no_more(
-        tmp_path, one_task, budget):
+        tmp_path, one_task, budget, monkeypatch):
+    import carl.train.loop as loop_module
+
     torch.set_num_threads(1)
+    started = []  # RL episodes started: none may start for a step the run does not take
+    real_rollout = loop_module.run_rollout
+    monkeypatch.setattr(loop_module, "run_rollout", lambda *a, **k: started.append(1) or real_rollout(*a, **k))
     cfg = _cfg(tmp_path, one_task, "rl.steps=3", budget, "rollout.concurrency=1",
                "checkpoint_every=5")  # only the stop itself checkpoints step 1
     summary = train(cfg, Console(quiet=True))
@@ -145,6 +150,7 @@ def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]  # 1 of 3 steps
     step1 = next(r for r in rows if "rl/reward_mean" in r)
     assert step1["rl/rollouts_total"] == 2 * step1["rl/batches"]  # groups of 2, one task per batch
+    assert len(started) == step1["rl/rollouts_total"]
     assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000000", "step_000001"]
     assert set(summary) == {"warm_start", "rl"}
@@ -162,9 +168,12 @@ def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_
     cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.concurrency=1", "checkpoint_every=5")
     assert learning.continue_rl(run, cfg.rl.steps) == 1
     assert not (run / "report.json").exists() and not (run / "eval" / "step000001.json").exists()
+    started.clear()
     longer = train(cfg, Console(quiet=True))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1, 2, 3]
+    step3 = [r for r in rows if "rl/reward_mean" in r][-1]
+    assert len(started) == step3["rl/rollouts_total"] - step1["rl/rollouts_total"]  # none past step 3
     assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 3]  # step 1's eval went with its report
     assert sorted(p.name for p in (run / "eval").glob("step*.json")) == ["step000000.json", "step000003.json"]
     assert longer["warm_start"] == summary["warm_start"] and json.loads((run / "report.json").read_text()) == longer

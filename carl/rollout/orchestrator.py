@@ -1,11 +1,11 @@
 """The rollout orchestrator: groups of rollouts produced ahead of the trainer, within a staleness bound.
 
 Legend: G = rollouts per group (one task), T = tasks (groups) per trainer step, v = the engine's
-weights version (= the trainer's step), S = max_staleness.
+weights version (= the trainer's step), S = max_staleness, end = rl.steps (no group for a step past it).
 
     orchestrator thread                         workers (threads, or Ray actors)
     next task k of the order ──start group──>   G episodes, each: sandbox -> harness -> engine
-       while started < T (v + S + 1) + extra       -> reward + monitor -> Rollout
+       while started < T min(v+S+1, end) + extra   -> reward + monitor -> Rollout
        ("pace"; "drop": while the buffer has room)        │ the G-th one done
                                                           v
     trainer step s  <──take(s)── GroupBuffer [g g g ...] (bounded, FIFO by completion)
@@ -57,13 +57,15 @@ class StepGroups:
 class Orchestrator:
     def __init__(self, submit: Callable[[int, int, int], Future], num_tasks: int, order: list[int], group_size: int,
                  tasks_per_step: int, max_staleness: int, stale: str, start_pos: int, start_version: int,
-                 buffer_groups: int = 0, max_extra_batches: int = 0):
-        """`submit(task index, sample index, version)` starts one episode and returns a Future of its Rollout."""
+                 buffer_groups: int = 0, max_extra_batches: int = 0, end_step: int | None = None):
+        """`submit(task index, sample index, version)` starts one episode and returns a Future of its Rollout.
+        `end_step`: the run's last step + 1 (rl.steps); with "pace" no group starts for a step at or past
+        it (they would run, unused, while the run ends and its workers wait for them)."""
         if stale not in STALE_MODES:
             raise ValueError(f"rollout.stale: got {stale!r}, expected one of {list(STALE_MODES)}")
         self.submit, self.num_tasks, self.order = submit, num_tasks, order
         self.G, self.T, self.S, self.stale = group_size, tasks_per_step, max_staleness, stale
-        self.max_extra_batches = max_extra_batches
+        self.max_extra_batches, self.end_step = max_extra_batches, end_step
         self.buffer = GroupBuffer(buffer_groups or tasks_per_step * (max_staleness + 1 + max_extra_batches))
         self.version = start_version
         self._pos = start_pos  # next position in the task order to start
@@ -140,7 +142,8 @@ class Orchestrator:
             return False
         if self.stale == "drop":
             return True
-        window = self.T * (self.version - self._base + self.S + 1)
+        ahead = self.version + self.S + 1 if self.end_step is None else min(self.version + self.S + 1, self.end_step)
+        window = self.T * (ahead - self._base)
         return self._started < window + self._target_extra
 
     def _run(self) -> None:

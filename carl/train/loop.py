@@ -189,7 +189,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     orchestrator = Orchestrator(submit, len(rl_tasks), task_order(len(rl_tasks), cfg.seed),
                                 cfg.rollout.group_size, cfg.rollout.tasks_per_step, cfg.rollout.max_staleness,
                                 cfg.rollout.stale, state.task_pos, state.rl_step,
-                                max_extra_batches=cfg.rollout.max_extra_batches).start()
+                                max_extra_batches=cfg.rollout.max_extra_batches, end_step=cfg.rl.steps).start()
     rl_start = time.monotonic()  # rl.max_wall_s counts from here (a resumed run starts afresh)
     policy.take_metrics()
     try:
@@ -203,9 +203,11 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             metrics = trainer.rl_step(groups, token_normalizer, tuple(tools), pad_id)
             t_train = time.monotonic() - t0 - t_rollout
             metrics.update(sync_weights(store, policy, trainer, step + 1))
-            orchestrator.set_version(step + 1)  # rollouts for later steps may start now
             state.rl_step, state.task_pos = step + 1, taken.task_pos
             state.rl_rollouts += sum(len(g) for g in groups) + taken.dropped * cfg.rollout.group_size
+            spent = budget_spent(cfg, state, time.monotonic() - rl_start)
+            if not spent:  # rollouts for later steps may start now (none past rl.steps: end_step)
+                orchestrator.set_version(step + 1)
             step_s = time.monotonic() - t0
             metrics.update(rollout_metrics(groups))
             metrics.update(taken.staleness)
@@ -223,7 +225,6 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             console.print(f"{label}: reward {metrics['rl/reward_mean']:.2f} "
                           f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
                           f"loss {metrics['loss/total']:+.4f} ({step_s:.0f}s, waited {taken.wait_s:.0f}s for rollouts)")
-            spent = budget_spent(cfg, state, time.monotonic() - rl_start)
             if spent and step + 1 < cfg.rl.steps:
                 state.rl_out_of_time = True  # a resume goes straight to the final eval
                 console.print(f"RL stopped after step {step + 1} of {cfg.rl.steps}: {spent}")
