@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from tools_sandbox import make_repo, open_test_sandbox
 
@@ -9,7 +11,7 @@ from carl.harness.tools.base import ToolFailure
 from carl.harness.tools.finish import Finish
 from carl.harness.tools.lint import Lint, find_ruff
 from carl.harness.tools.terminal import RunTerminal
-from carl.harness.tools.tests import RunTests, parse_pytest_output
+from carl.harness.tools.tests import RunTests, parse_pytest_output, without_durations
 
 SOURCE = {
     "calc.py": "import os\n\n\ndef add(a, b):\n    return a + b\n",
@@ -44,9 +46,33 @@ def test_run_terminal_timeout_is_reported(sandbox):
 def test_run_tests_summarises_counts_and_failing_ids(sandbox):
     out = RunTests(timeout_s=60).run({"tests": "tests/test_calc.py"}, sandbox)
     head = out.split("\n--- pytest output ---\n")[0]
-    assert head.startswith("Tests: 1 passed, 1 failed (exit code 1: some tests failed,")
+    assert head.startswith("Tests: 1 passed, 1 failed (exit code 1: some tests failed)\n")
     assert head.endswith("Failed:\n  tests/test_calc.py::test_bad")
     assert "assert 2 == 3" in out
+
+
+def test_run_tests_observation_has_no_wall_time_so_a_rerun_reads_the_same(sandbox):
+    """Durations made identical episodes' tokens differ run to run (seeds did not reproduce)."""
+    sandbox.write_file("tests/test_slow.py", b"import random, time\n\ndef test_s():\n"
+                                             b"    time.sleep(random.uniform(0.01, 0.2))\n")
+    runs = [RunTests(timeout_s=60).run({"tests": "tests/test_slow.py"}, sandbox) for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0].startswith("Tests: 1 passed (exit code 0: all selected tests passed)\n")
+    assert runs[0].rstrip().endswith("1 passed")
+    timed = RunTests(timeout_s=60, durations=True).run({"tests": "tests/test_slow.py"}, sandbox)
+    assert re.match(r"Tests: 1 passed \(exit code 0: all selected tests passed, [\d.]+ s\)", timed)
+    assert re.search(r"1 passed in [\d.]+s$", timed.rstrip())
+
+
+@pytest.mark.parametrize("line, want", [
+    ("2 passed in 0.11s", "2 passed"),
+    ("==== 3 passed, 1 warning in 0.01s ====", "==== 3 passed, 1 warning ===="),
+    ("=== 1 failed, 2 passed in 65.20s (0:01:05) ===", "=== 1 failed, 2 passed ==="),
+    ("===== no tests ran in 0.01s =====", "===== no tests ran ====="),
+    ("FAILED t.py::a - AssertionError: in 3.2s", "FAILED t.py::a - AssertionError: in 3.2s"),  # not a summary
+])
+def test_without_durations_cuts_only_the_summarys_wall_time(line, want):
+    assert without_durations(f"..F\n{line}") == f"..F\n{want}"
 
 
 def test_run_tests_reports_collection_errors(sandbox):

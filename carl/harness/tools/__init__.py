@@ -50,7 +50,7 @@ def default_tools(
         SemanticSearch(embedder, cache_dir, default_k=cfg.semantic_top_k),
         Lint(),
         RunTerminal(cfg.terminal_timeout_s, cfg.max_terminal_timeout_s),
-        RunTests(cfg.tests_timeout_s, cfg.max_output_chars),
+        RunTests(cfg.tests_timeout_s, cfg.max_output_chars, durations=cfg.test_durations),
         Finish(),
     ]
     return {t.spec.name: t for t in tools}

@@ -85,6 +85,9 @@ class ToolsConfig:
     """Wall-clock limit of one run_tests call."""
     semantic_top_k: int = 8
     """semantic_search results when the call gives no k."""
+    test_durations: bool = False
+    """run_tests shows wall-clock durations (off: they made identical episodes' tokens differ run
+    to run, so seeds did not reproduce; carl.harness.tools.tests)."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -2,6 +2,11 @@
 
 The summary comes first and is never cut; the raw pytest output follows, capped (head and tail)
 so that the whole observation stays under the tool output cap.
+
+Wall-clock durations are left out by default (carl's "2.2 s" and pytest's "in 0.11s"): they say
+nothing about correctness and made the same episode's tokens differ from run to run, so that a
+seed's warm-start data, and everything trained on it, did not reproduce (measured: of 32 expert
+episodes of the default run twice, every difference was one of those two numbers).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ _SUMMARY_LINE = re.compile(
     r"^(?:=+ )?.*\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|deselected|"
     r"warnings?|no tests ran).* in [\d.]+s(?: \([^)]*\))?(?: =+)?$"
 )
+_SUMMARY_DURATION = re.compile(r" in [\d.]+s(?: \(\d+:\d\d:\d\d\))?(?=(?: =+)?$)")
 _FAILED_ID = re.compile(r"^(FAILED|ERROR) (\S+)")
 EXIT_MEANINGS = {
     0: "all selected tests passed",
@@ -57,11 +63,13 @@ def parse_pytest_output(output: str) -> TestSummary:
 
 class RunTests:
     def __init__(
-        self, timeout_s: float = 300.0, max_output_chars: int = 20_000, python: str = "python3"
+        self, timeout_s: float = 300.0, max_output_chars: int = 20_000, python: str = "python3",
+        durations: bool = False,
     ) -> None:
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.python = python
+        self.durations = durations  # wall-clock times in the observation (see the module docstring)
         self.spec = ToolSpec(
             name="run_tests",
             description=(
@@ -87,13 +95,25 @@ class RunTests:
         res = sandbox.exec([self.python, "-m", "pytest", *PYTEST_ARGS, *selected], timeout_s=self.timeout_s)
         output = res.output.rstrip("\n")
         summary = parse_pytest_output(output)
-        head = _format_summary(summary, res.exit_code, res.timed_out, self.timeout_s, res.duration_s)
+        duration_s = res.duration_s if self.durations else None
+        head = _format_summary(summary, res.exit_code, res.timed_out, self.timeout_s, duration_s)
+        if not self.durations:
+            output = without_durations(output)
         body, _ = cap_output(output, max(self.max_output_chars - len(head) - 100, 200))
         return f"{head}\n--- pytest output ---\n{body}"
 
 
+def without_durations(output: str) -> str:
+    """pytest's output with the wall time cut from its final summary line(s) ("2 passed in 0.11s",
+    "=== 1 failed in 65.20s (0:01:05) ===" -> "2 passed", "=== 1 failed ===")."""
+    def summary(line: str) -> bool:
+        return bool(_SUMMARY_LINE.match(line.strip())) or line.strip().lstrip("= ").startswith("no tests ran")
+
+    return "\n".join(_SUMMARY_DURATION.sub("", line) if summary(line) else line for line in output.split("\n"))
+
+
 def _format_summary(
-    s: TestSummary, exit_code: int, timed_out: bool, timeout_s: float, duration_s: float
+    s: TestSummary, exit_code: int, timed_out: bool, timeout_s: float, duration_s: float | None
 ) -> str:
     if timed_out:
         status = f"timed out after {timeout_s:g} s (the test run was killed)"
@@ -101,7 +121,7 @@ def _format_summary(
         status = f"exit code {exit_code}: {EXIT_MEANINGS.get(exit_code, 'unexpected exit code')}"
     order = ["passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected"]
     counts = ", ".join(f"{s.counts[k]} {k}" for k in order if s.counts.get(k)) or "no test results"
-    lines = [f"Tests: {counts} ({status}, {duration_s:.1f} s)"]
+    lines = [f"Tests: {counts} ({status})" if duration_s is None else f"Tests: {counts} ({status}, {duration_s:.1f} s)"]
     if s.failed:
         lines += ["Failed:"] + [f"  {t}" for t in s.failed]
     if s.errors:
