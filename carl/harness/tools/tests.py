@@ -23,8 +23,8 @@ from carl.sandbox.base import Sandbox
 PYTEST_ARGS = ("-q", "-p", "no:cacheprovider", "--tb=short")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b")
 _SUMMARY_LINE = re.compile(
-    r"^(?:=+ )?.*\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|deselected|"
-    r"warnings?|no tests ran).* in [\d.]+s(?: \([^)]*\))?(?: =+)?$"
+    r"^(?:=+ )?(?:.*\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)|no tests ran)"
+    r".* in [\d.]+s(?: \([^)]*\))?(?: =+)?$"
 )
 _SUMMARY_DURATION = re.compile(r" in [\d.]+s(?: \(\d+:\d\d:\d\d\))?(?=(?: =+)?$)")
 _FAILED_ID = re.compile(r"^(FAILED|ERROR) (\S+)")
@@ -106,10 +106,8 @@ class RunTests:
 def without_durations(output: str) -> str:
     """pytest's output with the wall time cut from its final summary line(s) ("2 passed in 0.11s",
     "=== 1 failed in 65.20s (0:01:05) ===" -> "2 passed", "=== 1 failed ===")."""
-    def summary(line: str) -> bool:
-        return bool(_SUMMARY_LINE.match(line.strip())) or line.strip().lstrip("= ").startswith("no tests ran")
-
-    return "\n".join(_SUMMARY_DURATION.sub("", line) if summary(line) else line for line in output.split("\n"))
+    return "\n".join(_SUMMARY_DURATION.sub("", line) if _SUMMARY_LINE.match(line.strip()) else line
+                     for line in output.split("\n"))
 
 
 def _format_summary(
