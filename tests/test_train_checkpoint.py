@@ -6,7 +6,9 @@ drawn from the global RNG streams instead of sandboxes, so a resume that forgot 
 position or the optimizer state gives different weights.
 """
 
+import errno
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,3 +112,28 @@ def test_a_crash_mid_checkpoint_is_ignored_and_old_checkpoints_are_pruned(tmp_pa
     step, state = load_trainer_state(ckpt, optimizer, scheduler)
     assert (step, state) == (3, {"rl_step": 3})
     assert latest_checkpoint(tmp_path / "nothing_here") is None
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   OSError("Error while serializing: I/O error: No space left on device (os error 28)")])
+def test_a_full_disk_mid_checkpoint_says_what_to_do_and_removes_the_partial_one(tmp_path, tiny_dir, monkeypatch, error):
+    """The second error is how safetensors reports it (no errno): seen when a run filled the disk."""
+    from carl.errors import UserError
+
+    tokenizer, model, optimizer, scheduler = _trainer(tiny_dir)
+    save_checkpoint(tmp_path, 0, model, tokenizer, optimizer, scheduler, {"rl_step": 0})
+
+    def fill_the_disk(folder, **kwargs):
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"x" * 1000)
+        raise error
+
+    monkeypatch.setattr(model, "save_pretrained", fill_the_disk)
+    with pytest.raises(UserError, match=r"no space left .* checkpoint step 1 .* GB free now.* resumes from step_000000"):
+        save_checkpoint(tmp_path, 1, model, tokenizer, optimizer, scheduler, {"rl_step": 1})
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000000"]  # nothing partial left
+    assert latest_checkpoint(tmp_path) == root / "step_000000"
+    monkeypatch.setattr(model, "save_pretrained", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    with pytest.raises(PermissionError):  # other I/O errors are not a full disk
+        save_checkpoint(tmp_path, 1, model, tokenizer, optimizer, scheduler, {"rl_step": 1})

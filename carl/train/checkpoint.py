@@ -15,6 +15,7 @@ except the steps in `pinned` (step 0: the warm start, which `carl eval` and RL v
 
 from __future__ import annotations
 
+import errno
 import random
 import shutil
 import tempfile
@@ -44,22 +45,28 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=ckpt_root))
-    # `model_state`: the full weights of a sharded model, gathered by the caller (carl.train.trainer)
-    model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=model_state)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp / "model")
-    if sharded_optimizer is not None:  # written by every rank (sharded_optimizer_dir), moved in whole
-        Path(sharded_optimizer).rename(tmp / "optimizer")
-    torch.save(
-        {
-            "step": step,
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": rng_state(),
-            "trainer_state": trainer_state,
-        },
-        tmp / "trainer.pt",
-    )
+    try:
+        # `model_state`: the full weights of a sharded model, gathered by the caller (carl.train.trainer)
+        model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=model_state)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "model")
+        if sharded_optimizer is not None:  # written by every rank (sharded_optimizer_dir), moved in whole
+            Path(sharded_optimizer).rename(tmp / "optimizer")
+        torch.save(
+            {
+                "step": step,
+                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "rng": rng_state(),
+                "trainer_state": trainer_state,
+            },
+            tmp / "trainer.pt",
+        )
+    except OSError as e:
+        if e.errno != errno.ENOSPC and "No space left" not in str(e):  # safetensors' Rust error has no errno
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: give its space back at once
+        raise disk_full(ckpt_root, step) from e
     final = ckpt_root / name
     if final.exists():
         shutil.rmtree(final)
@@ -72,6 +79,19 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     for stale in ckpt_root.glob("step_*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def disk_full(ckpt_root: Path, step: int) -> Exception:
+    """The disk filled while checkpoint `step` was written: what to do, in a sentence."""
+    from carl.errors import UserError
+
+    pointer = ckpt_root / "latest"
+    latest = pointer.read_text().strip() if pointer.exists() else None
+    free_gb = shutil.disk_usage(ckpt_root).free / 1e9
+    resume = f"it resumes from {latest}" if latest else "it starts again (no checkpoint was complete)"
+    return UserError(f"no space left on the device of {ckpt_root} while writing checkpoint step {step} "
+                     f"({free_gb:.1f} GB free now, the partial checkpoint removed); free some space and run "
+                     f"the same command again: {resume}")
 
 
 def sharded_optimizer_dir(run_dir: str | Path, step: int) -> Path:
