@@ -9,10 +9,12 @@ from carl.harness.tools.base import ParamSpec, ToolFailure, ToolSpec
 from carl.sandbox.base import ExecResult, Sandbox
 
 
-def format_exec(res: ExecResult) -> str:
-    """Output of a command followed by a status line the model can rely on."""
+def format_exec(res: ExecResult, timeout_s: float) -> str:
+    """Output of a command followed by a status line the model can rely on. A timeout names the
+    limit, not the measured wall time, so that the same episode reads the same tokens on a rerun
+    (as run_tests shows no wall times)."""
     if res.timed_out:
-        status = f"[timed out after {res.duration_s:.1f} s; the command and its children were killed]"
+        status = f"[timed out after {timeout_s:g} s; the command and its children were killed]"
     else:
         status = f"[exit code {res.exit_code}]"
     out = res.output.rstrip("\n")
@@ -47,4 +49,4 @@ class RunTerminal:
         timeout_s = params.get("timeout_s", self.default_timeout_s)
         if not 0 < timeout_s <= self.max_timeout_s:
             raise ToolFailure(f"<timeout_s> must be between 1 and {self.max_timeout_s:g}, got {timeout_s}")
-        return format_exec(sandbox.exec(params["command"], timeout_s=timeout_s))
+        return format_exec(sandbox.exec(params["command"], timeout_s=timeout_s), timeout_s)
