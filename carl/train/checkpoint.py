@@ -9,7 +9,8 @@ Layout under `<run_dir>/checkpoints/`:
   latest               the name of the newest complete checkpoint (atomically replaced)
 
 A crash while writing leaves only a *.tmp-* directory that resume ignores, so at most the
-current step is lost. Older checkpoints beyond `keep` are deleted after a new one is complete,
+current step is lost; a full disk removes it at once and stops the run with a UserError saying
+which checkpoint a rerun resumes from. Older checkpoints beyond `keep` are deleted after a new one is complete,
 except the steps in `pinned` (step 0: the warm start, which `carl eval` and RL variants reuse).
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from carl.errors import UserError
 from carl.io import atomic_write_text
 
 
@@ -83,8 +85,6 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
 
 def disk_full(ckpt_root: Path, step: int) -> Exception:
     """The disk filled while checkpoint `step` was written: what to do, in a sentence."""
-    from carl.errors import UserError
-
     pointer = ckpt_root / "latest"
     latest = pointer.read_text().strip() if pointer.exists() else None
     free_gb = shutil.disk_usage(ckpt_root).free / 1e9
