@@ -145,18 +145,23 @@ def test_a_weight_update_lands_while_requests_run_and_their_versions_say_so(setu
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     # no stop id: each runs to its own length; 700 tokens apart, so that the update (sent once the
-    # shortest is back) lands while the longest still has 3,500 to go, even on a loaded machine
+    # shortest is back) lands while the longest still has 3,500 to go
     lengths = [100 + 700 * i for i in range(6)]
     crossed = False
-    for _attempt in range(3):  # on a loaded machine the update can land after every generation ended: again
+    for attempt in range(6):
         version = engine.policy_version + 1
         _train_step(trainer, opt, p)
         published = store.publish(trainer, version)
         with ThreadPoolExecutor(6) as pool:  # generations started at the old version
             futures = [pool.submit(engine.generate, p, n, [], seed=i, sampling=SamplingParams(1.0))
                        for i, n in enumerate(lengths)]
-            # update once the shortest is back: the others have hundreds of tokens to go (no guessed sleep)
-            wait(futures, return_when=FIRST_COMPLETED)
+            # even attempts: update once the shortest is back, the others with hundreds of tokens to go
+            # (no guessed sleep); odd ones: update at once. Under load the update can land after every
+            # generation ended, or before the later ones started (the engine admits them one by one):
+            # a fresh-clone suite beside a demo failed 3 of 3 such attempts; beside a demo and a CPU
+            # hog, 4 attempts crossed once (the 4th).
+            if attempt % 2 == 0:
+                wait(futures, return_when=FIRST_COMPLETED)
             store.push(engine, published)
             gens = [f.result() for f in futures]
         for g, n in zip(gens, lengths):  # (a generation that finished before the update has one span)
