@@ -10,8 +10,9 @@ Layout under `<run_dir>/checkpoints/`:
 
 A crash while writing leaves only a *.tmp-* directory that resume ignores, so at most the
 current step is lost; a full disk removes it at once and stops the run with a UserError saying
-which checkpoint a rerun resumes from. Older checkpoints beyond `keep` are deleted after a new one is complete,
-except the steps in `pinned` (step 0: the warm start, which `carl eval` and RL variants reuse).
+which checkpoint a rerun resumes from. Older checkpoints beyond `keep` are deleted after a new one
+is complete, except the steps in `pinned` (step 0: the warm start, which `carl eval` and RL
+variants reuse).
 """
 
 from __future__ import annotations
