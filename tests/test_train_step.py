@@ -264,7 +264,7 @@ def test_train_summaries_off_masks_only_the_summary_reply(tiny_dir):
 
 
 def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None, data=None, share_prefix=False,
-                micro_batch_tokens=60):
+                micro_batch_tokens=60, compute_dtype=None):
     """(per-epoch losses, final weights, calls of the frozen block per epoch, the cache) of a
     warm start with block 1 of 2 trained, with or without the frozen-trunk cache."""
     import random
@@ -288,7 +288,7 @@ def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None, data=N
         calls[0] = 0
         losses.append(sft_epoch(model, optimizer, data, tok.pad_token_id, batch_size=2,
                                 micro_batch_tokens=micro_batch_tokens, grad_clip=1.0, rng=random.Random(e), trunk=trunk,
-                                share_prefix=share_prefix))
+                                share_prefix=share_prefix, compute_dtype=compute_dtype))
         frozen_calls.append(calls[0])
     return losses, model.state_dict(), frozen_calls, trunk
 
@@ -484,6 +484,35 @@ def test_the_warm_start_runs_a_shared_prompt_once_with_and_without_the_trunk_cac
     assert kept_full.keys() == kept_shared.keys()
     for key in kept_full:
         torch.testing.assert_close(kept_shared[key], kept_full[key], rtol=1e-5, atol=1e-5)
+
+
+def test_the_trunk_cache_stays_on_where_shared_prompt_passes_differ_slightly(tiny_dir):
+    """Under bf16 autocast a shared-prompt pass and a whole-row pass differ by more than the
+    check's tolerance (here: bf16 autocast, and the logits of its passes on a cache scaled by 1.01
+    so that the tiny model's difference is as large as a real one; the fp32 check of shared passes
+    does not see it). The check
+    compares the top blocks with the pass they replace (both shared), so the cache stays on and
+    later epochs skip the frozen block. It once compared a whole-row top pass with the shared full
+    pass, turned itself off on every bf16 run, and every warm-start epoch ran the whole model."""
+    import random
+
+    def shared_passes_differ(model):
+        def hook(module, args, kwargs, out):
+            on_cache = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+            if on_cache and torch.is_autocast_enabled("cpu"):
+                out.logits = out.logits * 1.01
+            return out
+
+        model.register_forward_hook(hook, with_kwargs=True)
+
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 300) for _ in range(80)]
+    data = [token_rollout(prompt + [rng.randrange(3, 300) for _ in range(n)], [False] * 80 + [t >= n // 2 for t in range(n)],
+                          reward=1.0) for n in (12, 15, 19, 24)]
+    _, _, calls, cache = _warm_start(tiny_dir, True, epochs=2, data=data, share_prefix=True, micro_batch_tokens=150,
+                                     patch=shared_passes_differ, compute_dtype=torch.bfloat16)
+    assert cache.enabled and cache.share_ok and len(cache.hidden) == 4
+    assert calls[0] > 0 and calls[1] == 0
 
 
 @pytest.mark.parametrize("sd_loss", ["topk", "sampled"])

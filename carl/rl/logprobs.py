@@ -76,10 +76,14 @@ def sequence_logprobs(
     fewer tokens through the model.
     """
     inputs = {"input_ids": token_ids_B_T} if inputs_embeds_B_T_D is None else {"inputs_embeds": inputs_embeds_B_T_D}
+    # right padding needs no mask: the causal one already hides every pad from every real token, and
+    # without a mask the attention kernel skips the blocks above the diagonal (measured on 2 cores:
+    # a warm-start epoch of whole rows, 125 s -> 91 s; on a GPU, sdpa's FlashAttention needs no mask)
+    model_mask_B_T = None if right_padded(attention_mask_B_T) else attention_mask_B_T
     if score_mask_B_T is None:
         if prefix_len:
             raise ValueError("prefix_len needs score_mask_B_T (the positions whose log-probs are needed)")
-        logits_B_T_V = model(**inputs, attention_mask=attention_mask_B_T, use_cache=False).logits
+        logits_B_T_V = model(**inputs, attention_mask=model_mask_B_T, use_cache=False).logits
         shifted = token_logprobs(logits_B_T_V[:, :-1], token_ids_B_T[:, 1:], temperature)
         logprobs_B_T = torch.cat([shifted.new_zeros((shifted.shape[0], 1)), shifted], dim=1)
         logprobs_B_T = logprobs_B_T * attention_mask_B_T.to(logprobs_B_T.dtype)
@@ -93,7 +97,7 @@ def sequence_logprobs(
     if prefix_len:
         logits_B_K_V = _after_prefix(model, token_ids_B_T, attention_mask_B_T, targets_K, prefix_len, inputs_embeds_B_T_D)
     else:
-        logits_B_K_V = model(**inputs, attention_mask=attention_mask_B_T, use_cache=False,
+        logits_B_K_V = model(**inputs, attention_mask=model_mask_B_T, use_cache=False,
                              logits_to_keep=(targets_K - 1).to(token_ids_B_T.device)).logits
     scored_B_K = token_logprobs(logits_B_K_V, token_ids_B_T[:, targets_K], temperature)
     logprobs_B_T = scored_B_K.new_zeros(token_ids_B_T.shape).index_copy(1, targets_K, scored_B_K)
@@ -101,6 +105,13 @@ def sequence_logprobs(
     if not return_logits:
         return logprobs_B_T
     return logprobs_B_T, ScoredLogits(logits_B_K_V, targets_K)
+
+
+def right_padded(attention_mask_B_T: torch.Tensor) -> bool:
+    """Whether every row is ones then zeros (real tokens, then padding): then the causal mask alone
+    gives the real tokens the same attention, since no real token comes after a pad."""
+    m = attention_mask_B_T.bool()
+    return bool((m[:, 1:] <= m[:, :-1]).all()) and bool(m[:, 0].all())
 
 
 def _after_prefix(model: Any, ids_B_T: torch.Tensor, attn_B_T: torch.Tensor, targets_K: torch.Tensor, P: int,

@@ -164,19 +164,22 @@ class TrunkCache:
               mask_B_T: torch.Tensor, full_B_T: torch.Tensor, prefix_len: int = 0) -> None:
         """On the first micro-batch kept, the top-only pass must equal the full pass (else the
         cache turns off); on the first kept with a shared prefix, so must the shared top-only pass
-        (else top-only passes run every row whole)."""
+        (else top-only passes run every row whole). Each compares like with like: the full pass ran
+        with `prefix_len`, so does the top-only pass it is checked against (a shared and an unshared
+        pass differ by more than the tolerance under bf16 autocast, which once turned the cache off
+        on every bf16 run)."""
         if not self.enabled or not self.has(micro):
             return
         with torch.no_grad():
-            if not self.checked:
-                self.checked = True
-                if not torch.allclose(self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T), full_B_T.detach(),
-                                      atol=1e-3, rtol=0):
+            if not self.checked or (prefix_len and self.share_ok is None):
+                same = torch.allclose(self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, prefix_len),
+                                      full_B_T.detach(), atol=1e-3, rtol=0)
+                if not self.checked and not same:
                     self.enabled, self.hidden, self.bytes = False, {}, 0
                     return
-            if prefix_len and self.share_ok is None:
-                shared_B_T = self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, prefix_len)
-                self.share_ok = torch.allclose(shared_B_T, full_B_T.detach(), atol=1e-3, rtol=0)
+                self.checked = True
+                if prefix_len:
+                    self.share_ok = same
 
 
 def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, batch_size: int,
