@@ -28,7 +28,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.5
     """GPU: the share of the device vLLM may take; the trainer needs the rest on a shared device."""
     cpu_threads: int = 0
-    """CPU: the worker's OpenMP threads (0 = vLLM's default, one per core)."""
+    """CPU: the worker's OpenMP threads (0 = one per core; vLLM keeps one core for its scheduler
+    except on machines of at most 4 cores, carl.engine.vllm_server.cpu_binding)."""
     start_timeout_s: float = 900.0
     """Most seconds to wait for a starting server's /health (model load, compilation, warm-up)."""
     max_restarts: int = 2
