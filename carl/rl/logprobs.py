@@ -111,7 +111,7 @@ def right_padded(attention_mask_B_T: torch.Tensor) -> bool:
     """Whether every row is ones then zeros (real tokens, then padding): then the causal mask alone
     gives the real tokens the same attention, since no real token comes after a pad."""
     m = attention_mask_B_T.bool()
-    return bool((m[:, 1:] <= m[:, :-1]).all()) and bool(m[:, 0].all())
+    return bool((m[:, 1:] <= m[:, :-1]).all() & m[:, 0].all())  # one device sync
 
 
 def _after_prefix(model: Any, ids_B_T: torch.Tensor, attn_B_T: torch.Tensor, targets_K: torch.Tensor, P: int,
