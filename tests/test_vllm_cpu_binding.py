@@ -24,31 +24,27 @@ def test_the_users_environment_wins_over_the_automatic_choice(monkeypatch, tmp_p
     explicit engine.cpu_threads is applied."""
     import carl.engine.vllm_server as server
 
-    seen = {}
+    def server_env(cpu_threads: int) -> dict[str, str]:
+        """The environment VLLMServer.start launches the server with (the launch itself stopped)."""
+        seen = {}
 
-    def launch(argv, env, **kw):
-        seen.update(env)
-        raise RuntimeError("stop here")
+        def launch(argv, env, **kw):
+            seen.update(env)
+            raise RuntimeError("stop here")
 
-    monkeypatch.setattr(server, "_launch", launch)
-    monkeypatch.setattr(server, "vllm_python", lambda log: tmp_path / "python")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    for environ, threads, want in ((None, 0, "0"), ("2", 0, "2")):
-        if environ is None:
-            monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
-        else:
-            monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", environ)
-        seen.clear()
-        s = server.VLLMServer(server.ServerSpec(model=str(tmp_path), cpu_threads=threads), tmp_path / "vllm.log")
+        monkeypatch.setattr(server, "_launch", launch)
         try:
-            s.start()
+            server.VLLMServer(server.ServerSpec(model=str(tmp_path), cpu_threads=cpu_threads),
+                              tmp_path / "vllm.log").start()
         except RuntimeError:
             pass
-        assert seen["VLLM_CPU_NUM_OF_RESERVED_CPU"] == want
+        return seen
+
+    monkeypatch.setattr(server, "vllm_python", lambda log: tmp_path / "python")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    assert server_env(0)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "2")
+    assert server_env(0)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    seen.clear()
-    try:
-        server.VLLMServer(server.ServerSpec(model=str(tmp_path), cpu_threads=2), tmp_path / "vllm.log").start()
-    except RuntimeError:
-        pass
-    assert seen["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert server_env(2)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
