@@ -153,7 +153,7 @@ class VLLMServer:
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                 preexec_fn=_die_with_parent)
         _LIVE.add(self)
-        _stop_on_sigterm()
+        stop_on_sigterm()
         self._wait_healthy(t0)
         self._log(f"vLLM engine up at {self.url} in {time.monotonic() - t0:.0f} s (log {self.log_path})")
 
@@ -274,7 +274,7 @@ def _stop_all() -> None:
         server.stop(grace_s=5.0)
 
 
-def _stop_on_sigterm() -> None:
+def stop_on_sigterm() -> None:
     """SIGTERM's default action skips atexit: stop the servers first, then exit as SIGTERM would."""
     if threading.current_thread() is not threading.main_thread() or signal.SIGTERM in _PREVIOUS:
         return

@@ -4,7 +4,8 @@
     model (SmolLM2 / local HF folder) -> trainer (fp32 master weights)                 |
                                                                                        v
     warm start:  expert episodes on warm-start tasks (same harness) -> SFT epochs
-    engine:      vLLM server (or the in-process HF engine) <- weights version v as lossless
+    engine:      vLLM server (started after the world is built: it loads during the warm start; or the
+                 in-process HF engine) <- weights version v as lossless
                  deltas from the trainer (carl.engine.weights), checked by CRC-32 engine-side
                  -> eval held-out (pass@1, pass@k) -> checkpoint step 0 (kept: RL runs branch from it)
     RL step s:   tasks_per_step x G rollouts of RL tasks (policy version v >= s - max_staleness)
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -108,26 +110,27 @@ def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunPr
         state.metrics_rows = len(log.rows())
         trainer.save(run_dir, step, state)
 
-    # ---------------------------------------------------------------- warm start
-    if state.phase == "warm_start" and cfg.warm_start.episodes > 0:
-        data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, progress, log)
-        trainer.set_lr(cfg.warm_start.lr)
-        while state.sft_epoch < cfg.warm_start.epochs:
-            progress.phase(f"warm start epoch {state.sft_epoch + 1}/{cfg.warm_start.epochs}",
-                           sft_batches(data, cfg.warm_start.batch_size), "batches")
-            losses = trainer.sft_epoch(data, pad_id, state.sft_epoch, on_batch=lambda loss: progress.advance())
-            state.sft_epoch += 1
-            log.log(state.sft_epoch - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
-            console.print(f"warm start epoch {state.sft_epoch}/{cfg.warm_start.epochs}: "
-                          f"loss {np.mean(losses):.4f} over {len(losses)} batches")
-            checkpoint(0)
+    engine = EngineStart(cfg, model_path, run_dir, console) if state.phase != "done" else None
+    try:
+        # ------------------------------------------------------------ warm start
+        if state.phase == "warm_start" and cfg.warm_start.episodes > 0:
+            data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, progress, log)
+            trainer.set_lr(cfg.warm_start.lr)
+            while state.sft_epoch < cfg.warm_start.epochs:
+                progress.phase(f"warm start epoch {state.sft_epoch + 1}/{cfg.warm_start.epochs}",
+                               sft_batches(data, cfg.warm_start.batch_size), "batches")
+                losses = trainer.sft_epoch(data, pad_id, state.sft_epoch, on_batch=lambda loss: progress.advance())
+                state.sft_epoch += 1
+                log.log(state.sft_epoch - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
+                console.print(f"warm start epoch {state.sft_epoch}/{cfg.warm_start.epochs}: "
+                              f"loss {np.mean(losses):.4f} over {len(losses)} batches")
+                checkpoint(0)
 
-    # ---------------------------------------------------------------- the engine, then RL and evals
-    if state.phase != "done":  # a finished run only prints its report again
-        policy, store = start_engine(cfg, model_path, run_dir, progress)
-        if trainer.lora is not None:  # what a LoRA-loading engine needs next to the adapters' tensors
-            trainer.model.peft_config["default"].save_pretrained(str(store.root))
-        try:
+        # ------------------------------------------------------------ the engine, then RL and evals
+        if state.phase != "done":  # a finished run only prints its report again
+            policy, store = engine.get(progress)
+            if trainer.lora is not None:  # what a LoRA-loading engine needs next to the adapters' tensors
+                trainer.model.peft_config["default"].save_pretrained(str(store.root))
             sync_metrics = sync_weights(store, policy, trainer, state.rl_step)
             console.print(f"engine: {cfg.engine.kind} at weights version {state.rl_step} "
                           f"({sync_metrics['sync/bytes'] / 1e6:.1f} MB, {sync_metrics['sync/apply_s']:.2f} s)")
@@ -147,8 +150,9 @@ def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunPr
             if state.phase == "rl":
                 state.phase = "done"
                 checkpoint(state.rl_step)
-        finally:
-            policy.close()  # never leave a vLLM server running
+    finally:
+        if engine is not None:
+            engine.close()  # never leave a vLLM server running
     trainer.stop()
 
     log.plot()
@@ -285,6 +289,15 @@ def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], l
 def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path,
                  progress: RunProgress) -> tuple[Engine, WeightStore]:
     """The run's inference engine and the weight store it follows (`<run dir>/engine/`)."""
+    if cfg.engine.kind != "vllm":
+        return open_engine(cfg, model_path, run_dir, progress.console.print)
+    progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine")
+    engine_and_store = open_engine(cfg, model_path, run_dir, progress.console.print)
+    progress.advance()
+    return engine_and_store
+
+
+def open_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, log) -> tuple[Engine, WeightStore]:
     engine_dir = run_dir / "engine"
     store = WeightStore(engine_dir / "weights", DTYPES[cfg.model.dtype],
                         DeltaSyncConfig(snapshot_every=cfg.engine.snapshot_every))
@@ -294,14 +307,65 @@ def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path,
         return HFEngine(sampler_config(cfg, model_path, cfg.rollout.temperature), recorder, store.root), store
     from carl.engine.vllm import VLLMEngine
 
-    progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine")
     engine = VLLMEngine(model_path, store.root, cfg.engine, engine_dir,
                         max_model_len=cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
                         seed=cfg.seed, sampling=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p),
                         dtype=cfg.model.dtype, record_routes=recorder is not None,
-                        lora_rank=cfg.model.lora_rank, log=progress.console.print)
-    progress.advance()
+                        lora_rank=cfg.model.lora_rank, log=log)
     return engine, store
+
+
+class EngineStart:
+    """A vLLM server started on a thread as the run begins, so that it loads while the expert
+    episodes and the warm start run (on 2 cores it takes about 34 s, 20 s of it on one core; the
+    server starts from the model folder's weights either way, the warm start's reach it as
+    version 0 afterwards). Other engines start when `get` is called: the in-process HF engine is
+    quick to make and must not draw from the trainer's random state meanwhile."""
+
+    def __init__(self, cfg: TrainConfig, model_path: Path, run_dir: Path, console: Console):
+        self._args = (cfg, model_path, run_dir)
+        self._console = console
+        self._engine: tuple[Engine, WeightStore] | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if cfg.engine.kind == "vllm":
+            from carl.engine.vllm_server import stop_on_sigterm
+
+            stop_on_sigterm()  # signal handlers are set from the main thread only
+            # a daemon: Ctrl-C during the warm start exits at once, and the server is stopped at exit
+            self._thread = threading.Thread(target=self._start, args=(console.print,), daemon=True,
+                                            name="carl-engine-start")
+            self._thread.start()
+
+    def _start(self, log) -> None:
+        try:
+            self._engine = open_engine(*self._args, log)
+        except BaseException as e:  # noqa: BLE001 -- raised again by get(), in the run's thread
+            self._error = e
+
+    def get(self, progress: RunProgress) -> tuple[Engine, WeightStore]:
+        """The engine and its weight store, once started (waiting for it if need be)."""
+        if self._thread is None:
+            if self._engine is None:
+                self._engine = start_engine(*self._args, progress)
+            return self._engine
+        if self._thread.is_alive():
+            progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine")
+            self._thread.join()
+            progress.advance()
+        if self._error is not None:
+            raise self._error
+        return self._engine
+
+    def close(self) -> None:
+        """Stop the engine, waiting for a start in progress (never leave a vLLM server running)."""
+        if self._thread is not None:
+            if self._thread.is_alive():
+                self._console.print("waiting for the vLLM engine's start to end, to stop it")
+            self._thread.join()
+        if self._engine is not None:
+            self._engine[0].close()
+            self._engine = None
 
 
 def sync_weights(store: WeightStore, engine: Engine, trainer: Trainer, version: int) -> dict[str, float]:

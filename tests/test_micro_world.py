@@ -1,0 +1,66 @@
+"""The micro world's build: repos in parallel give the same world, a failed repo stops the build."""
+
+import json
+
+import pytest
+
+import carl.micro.world as world_mod
+from carl.micro.world import build_micro_tasks
+
+pytestmark = pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+REPOS = {"warm_start": 2, "rl": 1, "eval": 1}
+
+
+def _records(out, split):
+    """The split's task records, sorted, without what differs between two builds of the same tasks
+    (creation time, measured test timings, the build's own directory)."""
+    rows = [json.loads(line) for line in (out / f"{split}.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("created_at")
+        r.pop("test_timings")
+    return json.dumps(sorted(rows, key=lambda r: r["instance_id"])).replace(str(out), "OUT")
+
+
+def test_repos_built_in_parallel_give_the_same_world_as_one_at_a_time(tmp_path):
+    built = {}
+    for jobs in (1, 3):
+        out = tmp_path / f"jobs{jobs}"
+        seen = []
+        world = build_micro_tasks(out, seed=0, difficulty=4, repos=REPOS, max_tasks_per_repo=2, backend="local",
+                                  progress=lambda split, s, r: seen.append((split, s, r is not None)), jobs=jobs)
+        assert sorted(seen) == sorted((split, s, True) for split, n in REPOS.items()
+                                      for s in world_mod.split_seeds(split, 0, n))
+        assert all(world[split] for split in REPOS)
+        built[jobs] = out
+    for split in REPOS:
+        assert _records(built[1], split) == _records(built[3], split)
+
+    seen = []  # a rerun builds nothing and reports every repo as built before
+    again = build_micro_tasks(built[3], seed=0, difficulty=4, repos=REPOS, max_tasks_per_repo=2, backend="local",
+                              progress=lambda split, s, r: seen.append(r), jobs=3)
+    assert seen == [None] * sum(REPOS.values())
+    assert {k: [t.instance_id for t in v] for k, v in again.items()} == \
+        {k: [t.instance_id for t in v] for k, v in world.items()}
+
+
+def test_a_repo_that_gives_no_tasks_stops_the_build_and_names_the_repo(tmp_path, monkeypatch):
+    real = world_mod.build_repo
+    started = []
+
+    def build_repo(spec, out, cfg):
+        started.append(spec)
+        result = real(spec, out, cfg)
+        if spec.endswith("repo1"):  # the second warm-start repo
+            result.status, result.error = "failed", "RepoFailure: no test passed twice"
+        return result
+
+    monkeypatch.setattr(world_mod, "build_repo", build_repo)
+    with pytest.raises(RuntimeError, match=r"micro repo .*repo1 gave no tasks: RepoFailure: no test passed twice"):
+        build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"warm_start": 8}, max_tasks_per_repo=1,
+                          backend="local", jobs=2)
+    assert len(started) < 8  # the repos not yet started were cancelled
+
+
+def test_a_negative_number_of_jobs_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="jobs: got -1"):
+        build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"eval": 1}, jobs=-1)
