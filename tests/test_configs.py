@@ -35,6 +35,9 @@ def test_every_config_parses_and_names_known_tools():
         cfg = load_config(TrainConfig, path)
         assert set(cfg.tools) <= set(default_tools()), path.name
         assert isinstance(cfg.limits, EpisodeLimits)  # validated by EpisodeLimits itself
+        # a rollout budget must leave room for every step (rl.max_rollouts defaults to the demo's 64)
+        per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+        assert cfg.rl.max_rollouts == 0 or cfg.rl.max_rollouts >= cfg.rl.steps * per_step, path.name
 
 
 def test_default_toml_is_the_bare_default():

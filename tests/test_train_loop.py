@@ -144,7 +144,11 @@ def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_
     monkeypatch.setattr(loop_module, "run_rollout", lambda *a, **k: started.append(1) or real_rollout(*a, **k))
     cfg = _cfg(tmp_path, one_task, "rl.steps=3", budget, "rollout.concurrency=1",
                "checkpoint_every=5")  # only the stop itself checkpoints step 1
-    summary = train(cfg, Console(quiet=True))
+    out = io.StringIO()
+    summary = train(cfg, Console(file=out, width=300))
+    if budget.startswith("rl.max_rollouts"):  # said at RL's start: the budget, not rl.steps, ends RL
+        assert ("RL: rl.max_rollouts=2 leaves room for at most 1 more of rl.steps=3 steps (2 rollouts left, "
+                "2 a step); rl.max_rollouts=0 removes the limit") in out.getvalue()
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]  # 1 of 3 steps
@@ -188,10 +192,13 @@ def test_budget_spent_names_the_budget_that_ended_rl():
     assert budget_spent(both, RunState(rl_rollouts=95), 59.0) == ""
     assert budget_spent(both, RunState(rl_rollouts=104), 1.0) == "rl.max_rollouts=96 reached (104 rollouts)"
     assert budget_spent(both, RunState(rl_rollouts=0), 60.0) == "rl.max_wall_s=60 s reached"
-    assert budget_spent(load_config(TrainConfig, None, []), RunState(rl_rollouts=10**6), 1e9) == ""  # 0: no limit
+    unlimited = load_config(TrainConfig, None, ["rl.max_rollouts=0"])
+    assert budget_spent(unlimited, RunState(rl_rollouts=10**6), 1e9) == ""  # 0: no limit
+    assert budget_spent(load_config(TrainConfig, None, []), RunState(rl_rollouts=64), 1.0) == \
+        "rl.max_rollouts=64 reached (64 rollouts)"  # the default's budget
     # batches of 2 tasks x 4: 96 - 80 = 16 rollouts left is 2 batches, 1 left is still 1, no budget None
     assert [budget_batches(both, RunState(rl_rollouts=n)) for n in (80, 95, 96)] == [2, 1, 1]
-    assert budget_batches(load_config(TrainConfig, None, []), RunState()) is None
+    assert budget_batches(unlimited, RunState()) is None
 
 
 def test_step_label_bounds_the_steps_left_by_the_rollout_budget():

@@ -209,13 +209,17 @@ class RLConfig:
     """Stop RL after the first step that ends this many seconds after RL started (or resumed) in
     this process, then evaluate as after the last step; 0 = no limit, run all `steps`. For runs
     with a wall-clock budget: the console and metrics.jsonl say how many steps ran."""
-    max_rollouts: int = 0
+    max_rollouts: int = 64
     """Stop RL after the first step at which the run's RL rollouts reach this many (all the trainer
     took, all-0 batches of dynamic sampling and too-old groups dropped included; counted over the
     whole run, across resumes and branches), then evaluate as after the last step; 0 = no limit.
     For arms compared at equal sampling work: dynamic sampling (rollout.max_extra_batches) gives
     their steps different sizes, so equal steps are not equal rollouts (metrics: rl/rollouts_total).
-    A step draws no more extra batches than the budget has room for (rounded up to a whole batch)."""
+    A step draws no more extra batches than the budget has room for (rounded up to a whole batch).
+    64 (8 batches of the default's 8) bounds the embedded default's RL time: its 5 steps took 48-104
+    rollouts as dynamic sampling drew them, 6:05-8:32 of a 2-core demo, and the runs stopped at 64
+    scored as the others did (docs/training.md, "A rollout budget"). Longer runs raise it with
+    rl.steps (e.g. rl.steps=20 rl.max_rollouts=0): the step counter says "at most N" when it binds."""
     optimizer: str = "adamw"
     """"adamw", or "muon": Muon on the hidden matrices (ShardedMuon on N trainer ranks) and AdamW on
     embeddings, head, norms and biases (carl.systems.muon, carl.train.ranks)."""

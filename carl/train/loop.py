@@ -171,7 +171,8 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     console = progress.console
     spent = budget_spent(cfg, state, 0.0)  # e.g. --extend without a higher rl.max_rollouts
     if spent:
-        console.print(f"RL: no step after step {state.rl_step}: {spent}")
+        console.print(f"RL: no step after step {state.rl_step}: {spent}"
+                      + ("; raise rl.max_rollouts (0: no limit) to train on" if "max_rollouts" in spent else ""))
         return
     token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
     if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
@@ -179,6 +180,12 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     workers = make_workers(cfg, policy, rl_tasks, limits, tools)
     planned = (cfg.rl.steps - state.rl_step) * cfg.rollout.tasks_per_step * cfg.rollout.group_size
     if cfg.rl.max_rollouts:
+        if planned > cfg.rl.max_rollouts - state.rl_rollouts:  # the budget, not rl.steps, will end RL
+            console.print(f"RL: rl.max_rollouts={cfg.rl.max_rollouts} leaves room for at most "
+                          f"{budget_batches(cfg, state)} more of rl.steps={cfg.rl.steps} steps "
+                          f"({cfg.rl.max_rollouts - state.rl_rollouts} rollouts left, "
+                          f"{cfg.rollout.tasks_per_step * cfg.rollout.group_size} a step); "
+                          "rl.max_rollouts=0 removes the limit")
         planned = max(1, min(planned, cfg.rl.max_rollouts - state.rl_rollouts))
     progress.phase(step_label(cfg, state, state.rl_step + 1), planned, "rollouts")
     submitted = itertools.count(1)
