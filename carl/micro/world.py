@@ -49,7 +49,7 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
     is called for each repo as it is ready: its build result, or None for a repo built before.
     `jobs` repos are built at once (0: one per 2 cores, at least 2; each validates its candidates on
     2 sandboxes): a repo's baseline suite runs are one process each, so a second repo keeps the other
-    core busy meanwhile (the default world on 2 cores: 85 s with 1 job, 57 s with 2, 62 s with 3). Which
+    core busy meanwhile (the default world on 2 cores: 78-85 s with 1 job, 57-59 s with 2). Which
     tasks a repo yields does not depend on it (each repo takes its first valid candidates in plan
     order), so the world is the same for any `jobs`.
     """
