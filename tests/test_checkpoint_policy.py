@@ -69,7 +69,7 @@ def test_the_serving_path_writes_the_episodes_of_the_training_path(run, tmp_path
     from carl.tasks import broken_repo_dir
 
     cfg, run_dir, tasks = run
-    # the training path: the run's sampler (carl.train.loop.start_engine with engine.kind = "hf") at
+    # the training path: the run's sampler (carl.train.loop.open_engine with engine.kind = "hf") at
     # the trained weights (as sync_weights brings them), scored as run_eval does
     engine = HFEngine(sampler_config(cfg, cfg.model.path, cfg.rollout.temperature))
     engine.load_state_dict(load_model(run_dir / "checkpoints" / "step_000002" / "model", torch.float32)[1].state_dict(),

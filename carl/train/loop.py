@@ -293,18 +293,8 @@ def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], l
 # ---------------------------------------------------------------- helpers
 
 
-def start_engine(cfg: TrainConfig, model_path: Path, run_dir: Path,
-                 progress: RunProgress) -> tuple[Engine, WeightStore]:
-    """The run's inference engine and the weight store it follows (`<run dir>/engine/`)."""
-    if cfg.engine.kind != "vllm":
-        return open_engine(cfg, model_path, run_dir, progress.console.print)
-    progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine")
-    engine_and_store = open_engine(cfg, model_path, run_dir, progress.console.print)
-    progress.advance()
-    return engine_and_store
-
-
 def open_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, log) -> tuple[Engine, WeightStore]:
+    """The run's inference engine and the weight store it follows (`<run dir>/engine/`)."""
     engine_dir = run_dir / "engine"
     store = WeightStore(engine_dir / "weights", DTYPES[cfg.model.dtype],
                         DeltaSyncConfig(snapshot_every=cfg.engine.snapshot_every))
@@ -323,11 +313,11 @@ def open_engine(cfg: TrainConfig, model_path: Path, run_dir: Path, log) -> tuple
 
 
 class EngineStart:
-    """A vLLM server started on a thread as the run begins, so that it loads while the expert
-    episodes and the warm start run (on 2 cores it takes about 34 s, 20 s of it on one core; the
-    server starts from the model folder's weights either way, the warm start's reach it as
-    version 0 afterwards). Other engines start when `get` is called: the in-process HF engine is
-    quick to make and must not draw from the trainer's random state meanwhile."""
+    """The run's engine (`open_engine`). A vLLM server starts on a thread at once, so that it loads
+    while the expert episodes and the warm start run (on 2 cores its start takes about 34 s, 20 s
+    of it on one core; it starts from the model folder's weights either way, the warm start's reach
+    it as version 0 afterwards). Other engines are made when `get` is first called: the in-process
+    HF engine is quick to make and must not draw from the trainer's random state meanwhile."""
 
     def __init__(self, cfg: TrainConfig, model_path: Path, run_dir: Path, console: Console):
         self._args = (cfg, model_path, run_dir)
@@ -339,7 +329,8 @@ class EngineStart:
             from carl.engine.vllm_server import stop_on_sigterm
 
             stop_on_sigterm()  # signal handlers are set from the main thread only
-            # a daemon: Ctrl-C during the warm start exits at once, and the server is stopped at exit
+            # a daemon, so that the interpreter's exit never waits on it (close() waits, to stop the
+            # server; at exit, carl's atexit hook stops any server left)
             self._thread = threading.Thread(target=self._start, args=(console.print,), daemon=True,
                                             name="carl-engine-start")
             self._thread.start()
@@ -354,7 +345,7 @@ class EngineStart:
         """The engine and its weight store, once started (waiting for it if need be)."""
         if self._thread is None:
             if self._engine is None:
-                self._engine = start_engine(*self._args, progress)
+                self._engine = open_engine(*self._args, self._console.print)
             return self._engine
         if self._thread.is_alive():
             progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine")

@@ -4,7 +4,7 @@ from pathlib import Path
 from rich.console import Console
 from carl.config import load_config
 from carl.train.config import TrainConfig
-from carl.train.loop import start_engine, run_eval
+from carl.train.loop import EngineStart, run_eval  # d44dbb7: start_engine(cfg, path, run_dir, progress)
 from carl.train.progress import RunProgress
 from carl.train.metrics import MetricsLog
 from carl.tasks import load_tasks
@@ -16,7 +16,8 @@ tools = {n: t for n, t in default_tools().items() if n in cfg.tools}
 console = Console(width=100)
 with RunProgress(console) as progress:
     t0 = time.perf_counter()
-    policy, store = start_engine(cfg, Path(os.environ.get("RUN", "runs/default")) / "checkpoints/step_000000/model", run_dir, progress)
+    model = Path(os.environ.get("RUN", "runs/default")) / "checkpoints/step_000000/model"
+    policy, store = EngineStart(cfg, model, run_dir, console).get(progress)
     t1 = time.perf_counter()
     try:
         r = run_eval("warm start", policy, cfg, tasks, tools, progress, MetricsLog(run_dir), 0)
