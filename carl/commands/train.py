@@ -12,7 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE",
                    help="an optional TOML config file, then dotted overrides such as rl.steps=4")
     p.add_argument("--extend", action="store_true",
-                   help="train a finished run on to a larger rl.steps (its after-RL eval is dropped and made again)")
+                   help="train a finished run on to a larger rl.steps (its after-RL eval is dropped and made again); "
+                        "a run that spent its rl.max_rollouts budget (64 by default) needs a larger one, or 0")
     p.add_argument("--branch-from", metavar="RUN_DIR[:STEP]",
                    help="start this run (give it its own run_dir) at checkpoint STEP of another run (default 0, "
                         "the warm start), on that run's tasks, with this command's overrides")
