@@ -178,15 +178,15 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
     if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
         console.print(f"KL reference: {trainer.load_reference(run_dir / 'checkpoints' / 'step_000000' / 'model')}")
     workers = make_workers(cfg, policy, rl_tasks, limits, tools)
-    planned = (cfg.rl.steps - state.rl_step) * cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size  # rollouts of a step without extra batches
+    planned = (cfg.rl.steps - state.rl_step) * per_step
     if cfg.rl.max_rollouts:
-        if planned > cfg.rl.max_rollouts - state.rl_rollouts:  # the budget, not rl.steps, will end RL
+        left = cfg.rl.max_rollouts - state.rl_rollouts
+        if planned > left:  # the budget, not rl.steps, will end RL
             console.print(f"RL: rl.max_rollouts={cfg.rl.max_rollouts} leaves room for at most "
                           f"{budget_batches(cfg, state)} more of rl.steps={cfg.rl.steps} steps "
-                          f"({cfg.rl.max_rollouts - state.rl_rollouts} rollouts left, "
-                          f"{cfg.rollout.tasks_per_step * cfg.rollout.group_size} a step); "
-                          "rl.max_rollouts=0 removes the limit")
-        planned = max(1, min(planned, cfg.rl.max_rollouts - state.rl_rollouts))
+                          f"({left} rollouts left, {per_step} a step); rl.max_rollouts=0 removes the limit")
+        planned = max(1, min(planned, left))
     progress.phase(step_label(cfg, state, state.rl_step + 1), planned, "rollouts")
     submitted = itertools.count(1)
 
