@@ -13,6 +13,9 @@ Both give the orchestrator one call, `submit(task index, sample index, version) 
   actors, which spend most of their time waiting on the engine and on test processes). An actor
   that dies (killed, its node lost) is replaced, and its episodes in flight are started again on
   a live actor, at most `max_retries` times each; a finished episode is never run twice.
+  Actors are spread over the cluster's nodes (Ray's SPREAD strategy): Ray's default packs
+  fractional-CPU actors onto one node until half its CPUs are taken, which on a cluster of
+  16-core nodes would put 16 actors of 0.5 CPU on the head node and leave the others idle.
 
 Ray is an optional dependency (`pip install ray`); `carl train rollout.workers=ray` without it is a
 one-line error. On one machine carl starts a local Ray; `rollout.ray_address` joins a cluster.
@@ -99,6 +102,12 @@ class RolloutActor:
 
         return os.getpid()
 
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 class RayWorkers:
     def __init__(self, spec: Any, actors: int, per_actor: int, cpus_per_actor: float,
@@ -118,7 +127,7 @@ class RayWorkers:
         self.spec_ref = ray.put(spec)
         # one slot more than the episodes: control calls (pid) never wait behind them
         self.remote_cls = ray.remote(max_concurrency=per_actor + 1, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
-                                     max_restarts=0)(RolloutActor)
+                                     max_restarts=0, scheduling_strategy="SPREAD")(RolloutActor)
         self.max_retries = max_retries
         self.actors = [self._new_actor() for _ in range(actors)]
         self.replaced = 0
