@@ -234,3 +234,35 @@ def test_every_command_group_module_exists_and_registers_its_commands():
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     for group in GROUPS:
         assert set(group.split("/")) <= commands, (group, sorted(commands))
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device", "/nonexistent/run/metrics.jsonl"),
+                                   OSError("I/O error: No space left on device (os error 28)")])
+def test_a_full_disk_in_any_command_is_one_line_naming_where(error, monkeypatch, capsys):
+    """ENOSPC anywhere (not only while a checkpoint is written) ends the command with one line: where,
+    how much is free, and that rerunning resumes; any other OSError stays a traceback (a bug)."""
+    def full(args):
+        raise error
+
+    monkeypatch.setattr("carl.cli.build_parser", _parser_with(full))
+    assert main(["fill"]) == 1
+    line = _one_line_error(capsys)
+    assert line.startswith("carl: no space left on the device") and "GB free now" in line and "run the same command" in line
+    if error.filename:
+        assert "writing /nonexistent/run/metrics.jsonl" in line
+
+    monkeypatch.setattr("carl.cli.build_parser", _parser_with(lambda args: (_ for _ in ()).throw(OSError(5, "EIO"))))
+    with pytest.raises(OSError):
+        main(["fill"])
+
+
+def _parser_with(func):
+    import argparse
+
+    def build():
+        parser = argparse.ArgumentParser(prog="carl")
+        sub = parser.add_subparsers()
+        sub.add_parser("fill").set_defaults(func=func)
+        return parser
+
+    return build
