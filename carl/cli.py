@@ -83,16 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:
-        if not _disk_full(e):
+        from carl.errors import is_disk_full
+
+        if not is_disk_full(e):
             raise
         print(f"carl: {disk_full_message(e)}", file=sys.stderr)
         return 1
-
-
-def _disk_full(e: OSError) -> bool:
-    import errno
-
-    return e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)  # safetensors' errors have no errno
 
 
 def disk_full_message(e: OSError) -> str:
@@ -102,18 +98,18 @@ def disk_full_message(e: OSError) -> str:
     import os
     import shutil
 
-    where = os.path.dirname(os.path.abspath(e.filename)) if isinstance(e.filename, str) and e.filename else os.getcwd()
-    while where and not os.path.isdir(where):
+    name = e.filename if isinstance(e.filename, str) else ""
+    where = os.path.dirname(os.path.abspath(name)) if name else os.getcwd()
+    while not os.path.isdir(where):  # the file's folder may not exist yet; "/" always does
         where = os.path.dirname(where)
     try:
         free = f"{shutil.disk_usage(where).free / 1e9:.1f} GB free now"
     except OSError:
         free = "free space unknown"
-    what = f"writing {e.filename}" if isinstance(e.filename, str) and e.filename else f"under {where}"
+    what = f"writing {name}" if name else f"under {where}"
     return (f"no space left on the device ({what}; {free}): free some space and run the same command "
             "again; files carl writes are replaced whole or not at all, and a run resumes from its last "
             "complete checkpoint")
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -125,7 +125,7 @@ class RayWorkers:
             ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
                      ignore_reinit_error=True, configure_logging=False)
         self.spec_ref = ray.put(spec)
-        # one slot more than the episodes: control calls (pid) never wait behind them
+        # one slot more than the episodes: control calls (pid, node) never wait behind them
         self.remote_cls = ray.remote(max_concurrency=per_actor + 1, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                                      max_restarts=0, scheduling_strategy="SPREAD")(RolloutActor)
         self.max_retries = max_retries

@@ -17,7 +17,6 @@ variants reuse).
 
 from __future__ import annotations
 
-import errno
 import random
 import shutil
 import tempfile
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from carl.errors import UserError
+from carl.errors import UserError, is_disk_full
 from carl.io import atomic_write_text
 
 
@@ -66,7 +65,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
             tmp / "trainer.pt",
         )
     except OSError as e:
-        if e.errno != errno.ENOSPC and "No space left" not in str(e):  # safetensors' Rust error has no errno
+        if not is_disk_full(e):
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: give its space back at once
         raise disk_full(ckpt_root, step) from e
