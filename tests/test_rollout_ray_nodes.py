@@ -46,7 +46,7 @@ def cluster(monkeypatch):
 
 def test_actors_spread_over_nodes_and_lose_nothing_with_a_node(cluster):
     c, nodes = cluster
-    workers = RayWorkers(SleepyEpisodes(1.5), actors=2, per_actor=3, cpus_per_actor=0.5)
+    workers = RayWorkers(SleepyEpisodes(4.0), actors=2, per_actor=3, cpus_per_actor=0.5)
     try:
         actor_nodes = [ray.get(a.node.remote()) for a in workers.actors]
         assert len(set(actor_nodes)) == 2, "both actors landed on one node"
