@@ -166,7 +166,8 @@ def test_an_rl_budget_stops_after_the_step_that_reaches_it_then_evaluates_and_a_
         assert learning.continue_rl(run, 3) == 1
         out = io.StringIO()
         train(cfg, Console(file=out, width=200))
-        assert "RL: no step after step 1: rl.max_rollouts=2 reached" in out.getvalue()
+        assert ("RL: no step after step 1: rl.max_rollouts=2 reached (2 rollouts); raise rl.max_rollouts "
+                "(0: no limit) to train on") in out.getvalue()
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]
     cfg = _cfg(tmp_path, one_task, "rl.steps=3", "rollout.concurrency=1", "checkpoint_every=5")

@@ -170,9 +170,8 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
         return
     console = progress.console
     spent = budget_spent(cfg, state, 0.0)  # e.g. --extend without a higher rl.max_rollouts
-    if spent:
-        console.print(f"RL: no step after step {state.rl_step}: {spent}"
-                      + ("; raise rl.max_rollouts (0: no limit) to train on" if "max_rollouts" in spent else ""))
+    if spent:  # no RL time has passed yet, so the budget spent is the rollouts'
+        console.print(f"RL: no step after step {state.rl_step}: {spent}; raise rl.max_rollouts (0: no limit) to train on")
         return
     token_normalizer = float(cfg.rollout.group_size * cfg.rollout.tasks_per_step * cfg.limits.max_new_tokens)
     if cfg.rl.kl_coef > 0:  # the KL anchor: the weights RL started from, the same on resume
