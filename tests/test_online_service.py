@@ -95,6 +95,15 @@ def test_a_simulated_user_gets_the_fix_keeps_it_and_the_store_holds_it_token_exa
     assert (repo / changed).read_text() != (ws / changed).read_text()
 
 
+def test_asking_again_after_keeping_a_fix_is_a_fresh_request(served):
+    # the service's workspace stays broken; a checkout that still held the kept fix would make the
+    # second patch conflict and count as reverted
+    tasks, alice = served["tasks"], served["users"]["alice"]
+    with _client(served, "alice") as client:
+        outcomes = [act(alice, client, tasks[1], SANDBOX) for _ in range(2)]
+    assert [o["passed"] for o in outcomes] == [True, True]
+
+
 def test_a_lazy_model_is_reverted_with_a_followup_and_never_looks_better(served):
     tasks, bob = served["tasks"], served["users"]["bob"]
     served["engine"].lazy = True

@@ -3,6 +3,8 @@
     provision(tasks, ...)  one workspace per (user, task): a copy of the task's broken repo under
                            workspaces/<user>/<workspace>, a token per user in the users file
     SimUser.act(client, task)
+        a fresh request: the user's checkout starts as the broken repo again (the workspace the
+        service copies for the session, which no session changes)
         open a session on the workspace, send the task's problem statement, read the stream
         apply the returned edits to the user's own checkout (a patch that does not apply = nothing)
         run the task's tests on it (the same clean-sandbox reward as training: FAIL_TO_PASS and
@@ -10,6 +12,13 @@
             tests    1 / 0
             kept     the edit stays (tests pass)      or   reverted (they fail; checkout restored)
             followup when unhappy, a message naming the failing tests (the hint self-distillation uses)
+
+Every request starts from the broken repo, so every round of traffic asks the same questions: a
+checkout that kept an earlier fix would make every later patch for that task conflict (the
+service's workspace is still broken) and count as reverted. Before this reset, 0 of 74 requests
+on a task the user had kept a fix for were kept, in three runs, whatever the model did: the
+kept-edit rate of each later version fell, and its training data called correct fixes failures
+(docs/results/online/stale_checkouts.py).
 
 A user keeps an edit only when the tests pass, so an edit that is easy to keep but does nothing,
 a reply with broken tool calls, or a clarifying question instead of an attempt is reverted: it
@@ -102,6 +111,8 @@ def act(user: SimUser, client: ServeClient, task: TaskRecord, sandbox: SandboxCo
     """One request of `user` on `task`, judged and signalled; returns what happened."""
     workspace = workspace_name(task)
     checkout = user.checkouts / workspace
+    shutil.rmtree(checkout, ignore_errors=True)  # a fresh request (module docstring)
+    shutil.copytree(broken_repo_dir(task), checkout, symlinks=True)
     t0 = time.monotonic()
     session = client.open_session(workspace)
     done = client.run(session["id"], task.problem_statement)
