@@ -16,6 +16,11 @@ rewarded requests in store order and, for each, records (reward - b)^2 under eve
     batch                  the mean reward of the request's batch (the requests one version
                            served), the request's own reward included, as the cycle computes it
     batch_leave_one_out    the same without the request's own reward (a baseline independent of it)
+    prompt                 the mean reward of the batch's requests with the same text, the request's
+                           own included, as the cycle computes it (the batch mean when no other
+                           request shares its text)
+    prompt_leave_one_out   the same without the request's own reward (the batch leave-one-out mean
+                           when no other request shares its text)
     zero                   no baseline (plain REINFORCE), for reference
 
 Printed: the mean squared advantage of each with its standard error, and the paired difference of
@@ -34,7 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from carl.online.batch import Baseline  # noqa: E402  (after the path insert)
+from carl.online.batch import Baseline, prompt_key  # noqa: E402  (after the path insert)
 from carl.online.signals import SignalWeights, request_reward  # noqa: E402
 from carl.online.store import FeedbackStore, StoreConfig  # noqa: E402
 
@@ -64,6 +69,9 @@ def replay(store: FeedbackStore, decay: float) -> list[dict]:
     for r in requests:
         by_version.setdefault(r["model_version"], []).append(request_reward(r, SignalWeights()))
     batch_mean = {v: statistics.fmean(xs) for v, xs in by_version.items()}
+    by_prompt: dict[tuple[int, str], list[float]] = {}
+    for r in requests:
+        by_prompt.setdefault((r["model_version"], prompt_key(r)), []).append(request_reward(r, SignalWeights()))
     count = {v: len(xs) for v, xs in by_version.items()}
     running, unshrunk = Baseline(), Baseline(prior_count=0.0)
     rows = []
@@ -76,6 +84,9 @@ def replay(store: FeedbackStore, decay: float) -> list[dict]:
              "running_mean_unshrunk": _or(unshrunk.value(key), batch_mean[v]),
              "batch": batch_mean[v],
              "batch_leave_one_out": (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0,
+             "prompt": _group_mean(by_prompt[v, prompt_key(r)], batch_mean[v]),
+             "prompt_leave_one_out": _leave_one_out(by_prompt[v, prompt_key(r)], reward,
+                                                    (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0),
              "zero": 0.0}
         running.add(key, reward, decay)
         unshrunk.add(key, reward, decay)
@@ -84,11 +95,20 @@ def replay(store: FeedbackStore, decay: float) -> list[dict]:
     return rows
 
 
+def _group_mean(group: list[float], default: float) -> float:
+    return statistics.fmean(group) if len(group) > 1 else default
+
+
+def _leave_one_out(group: list[float], own: float, default: float) -> float:
+    return (sum(group) - own) / (len(group) - 1) if len(group) > 1 else default
+
+
 def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-NAMES = ("running_mean", "running_mean_unshrunk", "batch", "batch_leave_one_out", "zero")
+NAMES = ("running_mean", "running_mean_unshrunk", "batch", "batch_leave_one_out", "prompt", "prompt_leave_one_out",
+         "zero")
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4, help="the embedded default's RL learning rate")
     ap.add_argument("--gate-samples", type=int, default=1, help="samples per bench task in the gate")
     ap.add_argument("--steps", type=int, default=2, help="RL steps per cycle")
+    ap.add_argument("--baseline", default="batch", help="online.baseline (carl.online.batch.BASELINES)")
     ap.add_argument("--degrade-lr-factor", type=float, default=10.0)
     ap.add_argument("--work", default="/tmp/carl-online-loop")
     ap.add_argument("--out", default="docs/results/online/loop.json")
@@ -89,6 +90,7 @@ def main() -> None:
         cfg = OnlineConfig(base=f"{run}:{args.base_step}", weights_dir=str(work / "weights"),
                            run_dir=str(work / "online"), serve_url=url, workspaces=str(work / "ws"), store=store,
                            min_requests=8, signal_wait_s=0.0, rl=RLConfig(steps=args.steps, lr=args.lr),
+                           baseline=args.baseline,
                            gate=GateConfig(eval_tasks=str(run / "micro" / "eval.jsonl"),
                                            samples_per_task=args.gate_samples, replay_requests=4),
                            rollback=RollbackConfig(min_requests=8, z=1.0), cadence_s=0)
@@ -156,9 +158,35 @@ def save(out: str, outcomes: list[dict], reports: list[dict], loop: OnlineLoop) 
                    for v, xs in sorted(versions.items())}
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"per_version": per_version, "reports": reports, "outcomes": outcomes,
+    path.write_text(json.dumps({"per_version": per_version, "vs_first": vs_first(outcomes),
+                                "reports": reports, "outcomes": outcomes,
                                 "state": loop.state.__dict__}, indent=1, default=str))
     plot_kept_rates(loop.store, loop.state, path.with_suffix(".png"))
+
+
+def vs_first(outcomes: list[dict]) -> dict[int, dict]:
+    """Each later version's kept-edit rate minus the first version's: unpaired (difference of two
+    binomial rates, SE from both) and paired on the (user, task) requests both versions served."""
+    by: dict[int, dict[tuple[str, str], bool]] = {}
+    for o in outcomes:
+        by.setdefault(o["model_version"], {})[o["user"], o["task"]] = o["passed"]
+    if not by:
+        return {}
+    first = min(by)
+    out = {}
+    for v in sorted(by):
+        if v == first:
+            continue
+        a, b = list(by[first].values()), list(by[v].values())
+        pa, pb = sum(a) / len(a), sum(b) / len(b)
+        se = (pa * (1 - pa) / len(a) + pb * (1 - pb) / len(b)) ** 0.5
+        common = sorted(set(by[first]) & set(by[v]))
+        d = [by[v][k] - by[first][k] for k in common]
+        mean = sum(d) / len(d) if d else 0.0
+        sd = (sum((x - mean) ** 2 for x in d) / (len(d) - 1)) ** 0.5 if len(d) > 1 else 0.0
+        out[v] = {"first": first, "diff": pb - pa, "se": se, "paired_n": len(d), "paired_diff": mean,
+                  "paired_se": sd / len(d) ** 0.5 if d else 0.0}
+    return out
 
 
 if __name__ == "__main__":

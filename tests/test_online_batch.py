@@ -58,3 +58,19 @@ def test_unsignalled_and_untrainable_requests_are_left_out():
     assert b.stats["unsignalled"] == 1 and b.stats["requests"] == 3
     with pytest.raises(ValueError, match="online.baseline"):
         build_batch(reqs, cluster, SignalWeights(), Baseline(), "mean")
+
+
+def test_the_prompt_baseline_is_the_mean_of_the_requests_asking_the_same_thing():
+    w = SignalWeights()
+    same = [{**req(1, True), "text": "fix  it\n"}, req(2, False), req(3, False)]  # whitespace aside, one text
+    alone = {**req(4, True), "text": "something else"}
+    b = build_batch([*same, alone], cluster, w, Baseline(), "prompt")
+    group = (w.kept + 2 * w.reverted) / 3
+    batch = (2 * w.kept + 2 * w.reverted) / 4
+    assert [r.advantage for r in b.rollouts] == pytest.approx([w.kept - group, w.reverted - group,
+                                                               w.reverted - group, w.kept - batch])
+    assert b.stats["prompt_groups"] == 1
+    # a question every user failed on teaches nothing through its rewards (the batch mean would push it down)
+    failed = build_batch([req(1, False), req(2, False), {**req(3, True), "text": "other"},
+                          {**req(4, True), "text": "other"}], cluster, w, Baseline(), "prompt")
+    assert [r.advantage for r in failed.rollouts] == [0.0] * 4

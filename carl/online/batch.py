@@ -15,6 +15,12 @@ Production has one sample per prompt, so GRPO's group mean is not available. The
                    baselines itself.
     batch          (default) the mean reward of this cycle's batch (a cycle of only good or only
                    bad requests then learns nothing from its rewards).
+    prompt         requests of this batch with the same text (whitespace aside: the same
+                   question, e.g. asked by several users of one repository) form a group, and
+                   the group's mean reward is the baseline, as Dr. GRPO's group mean; a request
+                   whose text no other request of the batch shares gets the batch mean. A
+                   request that fails for every user then pushes nothing down, where the batch
+                   mean pushes down whatever the model did on it.
     distill        no policy-gradient term (advantage 0): only self-distillation from the users'
                    follow-ups (rl.sd_weight > 0), the teacher being the same model with the
                    follow-up in context at the turns that went wrong.
@@ -35,7 +41,7 @@ from carl.rollout.rollout import Rollout
 from carl.tasks import TaskRecord
 from carl.types import Trajectory
 
-BASELINES = ("running_mean", "batch", "distill")
+BASELINES = ("running_mean", "batch", "prompt", "distill")
 FOLLOWUP_HEADING = "The user replied to this work:"
 
 
@@ -83,6 +89,11 @@ class Batch:
     """The highest store id read (a cycle resumes after it)."""
 
 
+def prompt_key(request: Mapping[str, Any]) -> str:
+    """The request's text with runs of whitespace made one space: the `prompt` baseline's group."""
+    return " ".join(str(request.get("text", "")).split())
+
+
 def build_batch(requests: list[dict[str, Any]], cluster_of: Callable[[dict[str, Any]], str],
                 weights: SignalWeights, baseline: Baseline, mode: str = "running_mean",
                 decay: float = 0.9) -> Batch:
@@ -102,6 +113,9 @@ def build_batch(requests: list[dict[str, Any]], cluster_of: Callable[[dict[str, 
         flagged += bool(production_flags(r, weights))
         scored.append((r, reward, traj))
     batch_mean = statistics.fmean(x for _, x, _ in scored) if scored else 0.0
+    groups: dict[str, list[float]] = {}
+    for r, reward, _ in scored:
+        groups.setdefault(prompt_key(r), []).append(reward)
     rollouts = []
     for r, reward, traj in scored:
         key = cluster_of(r)
@@ -109,6 +123,9 @@ def build_batch(requests: list[dict[str, Any]], cluster_of: Callable[[dict[str, 
             advantage = 0.0
         elif mode == "batch":
             advantage = reward - batch_mean
+        elif mode == "prompt":
+            group = groups[prompt_key(r)]
+            advantage = reward - (statistics.fmean(group) if len(group) > 1 else batch_mean)
         else:
             prior = baseline.value(key)
             advantage = reward - (batch_mean if prior is None else prior)
@@ -124,5 +141,6 @@ def build_batch(requests: list[dict[str, Any]], cluster_of: Callable[[dict[str, 
              "flagged": float(flagged), "reward_mean": batch_mean,
              "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
              "kept_rate": sum(r.passed for r in rollouts) / len(rollouts) if rollouts else 0.0,
-             "advantage_abs_mean": statistics.fmean(abs(r.advantage) for r in rollouts) if rollouts else 0.0}
+             "advantage_abs_mean": statistics.fmean(abs(r.advantage) for r in rollouts) if rollouts else 0.0,
+             "prompt_groups": float(sum(len(g) > 1 for g in groups.values()))}
     return Batch(rollouts, stats, max((int(r["id"]) for r in requests), default=0))

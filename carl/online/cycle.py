@@ -96,7 +96,7 @@ class OnlineConfig:
     up to the first one still waiting (younger than this, no reward yet); one older than this
     without a signal is passed by for good."""
     baseline: str = "batch"
-    """carl.online.batch: "batch" (measured best on served requests: docs/online.md), "running_mean", "distill"."""
+    """carl.online.batch: "batch" (measured best on served requests: docs/online.md), "prompt", "running_mean", "distill"."""
     baseline_decay: float = 0.9
     signals: SignalWeights = field(default_factory=SignalWeights)
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=2, lr=1e-5))
