@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4, help="the embedded default's RL learning rate")
     ap.add_argument("--gate-samples", type=int, default=1, help="samples per bench task in the gate")
     ap.add_argument("--steps", type=int, default=2, help="RL steps per cycle")
-    ap.add_argument("--baseline", default="batch", help="online.baseline (carl.online.batch.BASELINES)")
+    ap.add_argument("--baseline", default="prompt", help="online.baseline (carl.online.batch.BASELINES)")
     ap.add_argument("--degrade-lr-factor", type=float, default=10.0)
     ap.add_argument("--work", default="/tmp/carl-online-loop")
     ap.add_argument("--out", default="docs/results/online/loop.json")

@@ -13,9 +13,9 @@ Production has one sample per prompt, so GRPO's group mean is not available. The
                    times; the overall mean alone for a new one; the batch mean before any). The
                    request's own reward is added only after its advantage is taken, so it never
                    baselines itself.
-    batch          (default) the mean reward of this cycle's batch (a cycle of only good or only
+    batch          the mean reward of this cycle's batch (a cycle of only good or only
                    bad requests then learns nothing from its rewards).
-    prompt         requests of this batch with the same text (whitespace aside: the same
+    prompt         (default) requests of this batch with the same text (whitespace aside: the same
                    question, e.g. asked by several users of one repository) form a group, and
                    the group's mean reward is the baseline, as Dr. GRPO's group mean; a request
                    whose text no other request of the batch shares gets the batch mean. A
@@ -25,8 +25,9 @@ Production has one sample per prompt, so GRPO's group mean is not available. The
                    follow-ups (rl.sd_weight > 0), the teacher being the same model with the
                    follow-up in context at the turns that went wrong.
 
-Measured on 108 served requests (benchmarks/online_baselines.py, docs/online.md): the batch mean
-leaves the smallest squared advantages; the shrunk running mean is 0.45 +- 0.16 above it.
+Measured on 144 served requests where 3 users asked each question (benchmarks/online_baselines.py,
+docs/online.md): mean squared advantage 0.51 under `prompt`, 2.65 under `batch`, 2.57 under the
+running mean (without the request's own reward: prompt 1.15, batch 2.80, paired -1.65 +- 0.27).
 """
 
 from __future__ import annotations

@@ -95,8 +95,10 @@ class OnlineConfig:
     """How long a served request may wait for its signals: a cycle trains on requests in store order
     up to the first one still waiting (younger than this, no reward yet); one older than this
     without a signal is passed by for good."""
-    baseline: str = "batch"
-    """carl.online.batch: "batch" (measured best on served requests: docs/online.md), "prompt", "running_mean", "distill"."""
+    baseline: str = "prompt"
+    """carl.online.batch: "prompt" (the group of requests asking the same text; the batch mean for a
+    text asked once: the smallest squared advantages on served requests, docs/online.md), "batch",
+    "running_mean", "distill"."""
     baseline_decay: float = 0.9
     signals: SignalWeights = field(default_factory=SignalWeights)
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=2, lr=1e-5))
