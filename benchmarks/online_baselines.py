@@ -39,7 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from carl.online.batch import Baseline, prompt_key  # noqa: E402  (after the path insert)
+from carl.online.batch import Baseline, group_mean, prompt_key  # noqa: E402  (after the path insert)
 from carl.online.signals import SignalWeights, request_reward  # noqa: E402
 from carl.online.store import FeedbackStore, StoreConfig  # noqa: E402
 
@@ -84,7 +84,7 @@ def replay(store: FeedbackStore, decay: float) -> list[dict]:
              "running_mean_unshrunk": _or(unshrunk.value(key), batch_mean[v]),
              "batch": batch_mean[v],
              "batch_leave_one_out": (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0,
-             "prompt": _group_mean(by_prompt[v, prompt_key(r)], batch_mean[v]),
+             "prompt": group_mean(by_prompt[v, prompt_key(r)], batch_mean[v]),
              "prompt_leave_one_out": _leave_one_out(by_prompt[v, prompt_key(r)], reward,
                                                     (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0),
              "zero": 0.0}
@@ -93,10 +93,6 @@ def replay(store: FeedbackStore, decay: float) -> list[dict]:
         rows.append({"id": r["id"], "version": r["model_version"], "cluster": key, "reward": reward,
                      **{f"sq_{name}": (reward - v) ** 2 for name, v in b.items()}})
     return rows
-
-
-def _group_mean(group: list[float], default: float) -> float:
-    return statistics.fmean(group) if len(group) > 1 else default
 
 
 def _leave_one_out(group: list[float], own: float, default: float) -> float:

@@ -95,6 +95,11 @@ def prompt_key(request: Mapping[str, Any]) -> str:
     return " ".join(str(request.get("text", "")).split())
 
 
+def group_mean(rewards: list[float], fallback: float) -> float:
+    """The `prompt` baseline of a request whose group (itself included) has these rewards."""
+    return statistics.fmean(rewards) if len(rewards) > 1 else fallback
+
+
 def build_batch(requests: list[dict[str, Any]], cluster_of: Callable[[dict[str, Any]], str],
                 weights: SignalWeights, baseline: Baseline, mode: str = "running_mean",
                 decay: float = 0.9) -> Batch:
@@ -125,8 +130,7 @@ def build_batch(requests: list[dict[str, Any]], cluster_of: Callable[[dict[str, 
         elif mode == "batch":
             advantage = reward - batch_mean
         elif mode == "prompt":
-            group = groups[prompt_key(r)]
-            advantage = reward - (statistics.fmean(group) if len(group) > 1 else batch_mean)
+            advantage = reward - group_mean(groups[prompt_key(r)], batch_mean)
         else:
             prior = baseline.value(key)
             advantage = reward - (batch_mean if prior is None else prior)
