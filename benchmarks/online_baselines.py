@@ -80,13 +80,13 @@ def replay(store: FeedbackStore, decay: float) -> list[dict]:
         s = sessions[r["session_id"]]
         key = f"{s['user']}/{s['workspace']}"
         v, n = r["model_version"], count[r["model_version"]]
+        batch_loo = (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0  # without its own reward
         b = {"running_mean": _or(running.value(key), batch_mean[v]),
              "running_mean_unshrunk": _or(unshrunk.value(key), batch_mean[v]),
              "batch": batch_mean[v],
-             "batch_leave_one_out": (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0,
+             "batch_leave_one_out": batch_loo,
              "prompt": group_mean(by_prompt[v, prompt_key(r)], batch_mean[v]),
-             "prompt_leave_one_out": _leave_one_out(by_prompt[v, prompt_key(r)], reward,
-                                                    (batch_mean[v] * n - reward) / (n - 1) if n > 1 else 0.0),
+             "prompt_leave_one_out": _leave_one_out(by_prompt[v, prompt_key(r)], reward, batch_loo),
              "zero": 0.0}
         running.add(key, reward, decay)
         unshrunk.add(key, reward, decay)

@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from carl.online.client import ServeClient  # noqa: E402  (after the path insert)
-from carl.online.cycle import GateConfig, OnlineConfig, OnlineLoop, RollbackConfig, plot_kept_rates  # noqa: E402
+from carl.online.cycle import GateConfig, OnlineConfig, OnlineLoop, RollbackConfig, paired_binary, plot_kept_rates  # noqa: E402
 from carl.online.simulate import act, kept_rate, provision  # noqa: E402
 from carl.online.store import StoreConfig  # noqa: E402
 from carl.sandbox.base import SandboxConfig  # noqa: E402
@@ -167,9 +167,9 @@ def save(out: str, outcomes: list[dict], reports: list[dict], loop: OnlineLoop) 
 def vs_first(outcomes: list[dict]) -> dict[int, dict]:
     """Each later version's kept-edit rate minus the first version's: unpaired (difference of two
     binomial rates, SE from both) and paired on the (user, task) requests both versions served."""
-    by: dict[int, dict[tuple[str, str], bool]] = {}
+    by: dict[int, dict[tuple[str, str], dict]] = {}
     for o in outcomes:
-        by.setdefault(o["model_version"], {})[o["user"], o["task"]] = o["passed"]
+        by.setdefault(o["model_version"], {})[o["user"], o["task"]] = o
     if not by:
         return {}
     first = min(by)
@@ -177,15 +177,11 @@ def vs_first(outcomes: list[dict]) -> dict[int, dict]:
     for v in sorted(by):
         if v == first:
             continue
-        a, b = list(by[first].values()), list(by[v].values())
-        pa, pb = sum(a) / len(a), sum(b) / len(b)
-        se = (pa * (1 - pa) / len(a) + pb * (1 - pb) / len(b)) ** 0.5
+        (pa, sa), (pb, sb) = kept_rate(list(by[first].values())), kept_rate(list(by[v].values()))
         common = sorted(set(by[first]) & set(by[v]))
-        d = [by[v][k] - by[first][k] for k in common]
-        mean = sum(d) / len(d) if d else 0.0
-        sd = (sum((x - mean) ** 2 for x in d) / (len(d) - 1)) ** 0.5 if len(d) > 1 else 0.0
-        out[v] = {"first": first, "diff": pb - pa, "se": se, "paired_n": len(d), "paired_diff": mean,
-                  "paired_se": sd / len(d) ** 0.5 if d else 0.0}
+        paired = paired_binary([by[first][k]["passed"] for k in common], [by[v][k]["passed"] for k in common])
+        out[v] = {"first": first, "diff": pb - pa, "se": (sa ** 2 + sb ** 2) ** 0.5, "paired_n": paired["n"],
+                  "paired_diff": paired["diff"], "paired_se": paired["se"]}
     return out
 
 
