@@ -2,11 +2,15 @@
 
     .venv/bin/python benchmarks/async_learning.py --seeds 2 3 4 --out runs/async_learning
     .venv/bin/python benchmarks/async_learning.py --seeds 2 3 4 --out runs/async_learning --report-only
+    .venv/bin/python benchmarks/async_learning.py --seeds 1 2 3 --out runs/async_l1 \
+        --warm micro.difficulty=1 --warm eval.samples_per_task=1 --eval-repos 36 --control 6 --samples 2 \
+        rl.steps=4 rollout.group_size=8 rollout.tasks_per_step=4
 
 Per seed: one warm start (`carl train seed=N micro.seed=N rl.steps=0`), then `benchmarks/transfer.py`
 twice from it (RL on --templates, scored on unseen tasks of them and of the other templates), once
 with rollout.max_staleness=0 (synchronous) and once with --staleness (default 2), the same tasks,
-seed, steps and number of rollouts in both (no dynamic sampling: rollout.max_extra_batches=0). The
+seed, steps and number of rollouts in both (no dynamic sampling: rollout.max_extra_batches=0;
+rl.steps alone bounds RL: rl.max_rollouts=0). The
 warm start's eval is made once per seed and shared by both arms (same checkpoint, tasks and sampler
 seed, so it is the same eval); the two after-RL evals share the sampler's random numbers.
 
@@ -33,7 +37,7 @@ from transfer import SAME, template  # noqa: E402
 
 from carl.eval.paired import paired_difference  # noqa: E402
 from carl.eval.seeds import seed_spread  # noqa: E402
-from carl.io import atomic_write_json  # noqa: E402
+from carl.io import atomic_write_json, read_jsonl  # noqa: E402
 from carl.tasks import load_tasks  # noqa: E402
 
 
@@ -43,6 +47,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--templates", default="add,mul,total,affine")
     p.add_argument("--staleness", type=int, default=2, help="the async arm's rollout.max_staleness")
+    p.add_argument("--warm", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override (repeat the option for more) for every seed's warm start, e.g. "
+                        "micro.difficulty=1 (the default world is "
+                        "level 4, whose templates are shift, scale, clamp, tag, fits, count_over, total, "
+                        "clamp_all, tag_all; --templates' default names level-1 templates)")
+    for flag, default in (("--rl-repos", 48), ("--eval-repos", 36), ("--control", 16), ("--samples", 4)):
+        p.add_argument(flag, type=int, default=default, help=f"transfer.py's {flag} (default {default})")
     p.add_argument("--report-only", action="store_true", help="summarize finished seeds, train nothing")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE for both arms' RL (transfer.py overrides), e.g. "
                                                 "rl.steps=8 rollout.group_size=8 rollout.tasks_per_step=4")
@@ -57,7 +68,7 @@ def main() -> None:
             warm = root / "warm"
             if not (warm / "report.json").exists():
                 run([sys.executable, "-m", "carl", "train", f"seed={seed}", f"micro.seed={seed}", "rl.steps=0",
-                     f"run_dir={warm}"])
+                     *args.warm, f"run_dir={warm}"])
             for name, s in arms.items():
                 out = root / name
                 shared = root / "sync" / "transfer_warm.json"
@@ -66,8 +77,11 @@ def main() -> None:
                     shutil.copy(shared, out / "transfer_warm.json")  # the same eval: made once per seed
                 if not (out / "transfer.json").exists():
                     run([sys.executable, str(Path(__file__).parent / "transfer.py"), str(warm), "--templates",
-                         args.templates, "--warm-eval", "before", "--out", str(out), *args.overrides,
-                         f"rollout.max_staleness={s}", "rollout.max_extra_batches=0", "rl.max_wall_s=0"])
+                         args.templates, "--warm-eval", "before", "--out", str(out), "--rl-repos", str(args.rl_repos),
+                         "--eval-repos", str(args.eval_repos), "--control", str(args.control),
+                         "--samples", str(args.samples), *args.overrides,
+                         f"rollout.max_staleness={s}", "rollout.max_extra_batches=0", "rl.max_wall_s=0",
+                         "rl.max_rollouts=0"])
         if all((root / name / "transfer.json").exists() for name in arms):
             results.append(seed_result(seed, root, arms))
         else:
@@ -76,6 +90,7 @@ def main() -> None:
         raise SystemExit("no seed has finished both arms")
     summary = summarize(results)
     print_summary(results, args.staleness)
+    plot(results, args.staleness, args.out / "async_learning.png")
     atomic_write_json(args.out / "async_learning.json", {"templates": args.templates, "staleness": args.staleness,
                                                         "overrides": args.overrides, "seeds": results,
                                                         "over_seeds": summary})
@@ -95,8 +110,13 @@ def seed_result(seed: int, root: Path, arms: dict[str, int]) -> dict:
     for name in arms:
         saved = json.loads((root / name / "transfer.json").read_text())
         same = saved["groups"][SAME]
+        rows = read_jsonl(root / name / "metrics.jsonl")
         out[name] = {"gain": same["diff"], "se": same["se_paired"], "warm": same["pass_a"], "rl": same["pass_b"],
-                     "rl_pass_rate": saved.get("rl_pass_rate"), "groups": saved["groups"]}
+                     "rl_pass_rate": saved.get("rl_pass_rate"), "groups": saved["groups"],
+                     "rollouts": max((r["rl/rollouts_total"] for r in rows if "rl/rollouts_total" in r), default=0),
+                     # how off-policy the arm's RL was: per step, the mean and max versions behind of its tokens
+                     "staleness_token_mean": [r["staleness/token_mean"] for r in rows if "staleness/token_mean" in r],
+                     "staleness_token_max": [r["staleness/token_max"] for r in rows if "staleness/token_max" in r]}
         after[name] = json.loads(max((root / name / "eval").glob("step*.json")).read_text())
     templates = set(json.loads((root / "sync" / "transfer.json").read_text())["templates"])
     same_ids = {t.instance_id for t in load_tasks(root / "sync" / "transfer_eval.jsonl") if template(t) in templates}
@@ -125,10 +145,38 @@ def print_summary(results: list[dict], staleness: int) -> None:
         s, a, d = r["sync"], r["async"], r["async_minus_sync"]
         print(f"{r['seed']:>5} {s['warm']:.3f}->{s['rl']:.3f} {s['gain']:+.3f}±{s['se']:.3f} "
               f"{a['warm']:.3f}->{a['rl']:.3f} {a['gain']:+.3f}±{a['se']:.3f} {d['diff']:>+10.3f}±{d['se']:.3f}")
+        stale = a["staleness_token_mean"]
+        print(f"{'':>5} rollouts {s['rollouts']:.0f} and {a['rollouts']:.0f}; async tokens' staleness per step "
+              f"{' '.join(f'{x:.2f}' for x in stale)} (max {max(a['staleness_token_max'], default=0):.0f})")
     print(f"over {len(results)} seeds: mean (sample sd over seeds, 95% t-interval of the mean)")
     for label, values in series(results).items():
         spread = seed_spread(values)
         print(f"  {label:<14} {spread.format(signed=True)}; {spread.in_words()}")
+
+
+def plot(results: list[dict], staleness: int, path: Path) -> None:
+    """Per seed, each arm's same-template gain with its paired standard error; dashed: the mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (name, label) in enumerate((("sync", "synchronous"), ("async", f"max_staleness {staleness}"))):
+        xs = [j + (i - 0.5) * 0.3 for j in range(len(results))]
+        gains = [r[name]["gain"] for r in results]
+        ax.errorbar(xs, gains, yerr=[r[name]["se"] for r in results], fmt="o", capsize=4, color=f"C{i}", label=label)
+        ax.axhline(sum(gains) / len(gains), color=f"C{i}", linestyle="--", linewidth=0.8)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(results)), [f"seed {r['seed']}" for r in results])
+    ax.set_xlim(-0.6, len(results) - 0.4)
+    ax.set_ylabel("held-out pass@1, trained templates:\nafter RL - warm start (± paired SE)")
+    ax.set_title("synchronous vs asynchronous RL at equal rollouts; dashed: mean over seeds", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -138,3 +138,43 @@ def test_transfer_seeds_reads_a_kept_transfer_json_with_its_seed(tmp_path, capsy
     transfer_seeds.print_result(result)
     out = capsys.readouterr().out
     assert "warm start pass@1  0.250 (n=1, no spread)" in out and "after-RL pass@1    0.500 (n=1, no spread)" in out
+
+
+async_learning = load("async_learning")
+
+
+def test_async_learning_pairs_the_arms_sample_by_sample_on_the_trained_templates_only(tmp_path, capsys):
+    from carl.tasks import write_tasks
+
+    names = {"h1": "add_price", "h2": "add_name", "h3": "mod_label"}  # h3: a control task, left out of the pairing
+
+    def arm(name: str, after: dict[str, str], gain: float, stale: list[float]) -> None:
+        d = tmp_path / "seed5" / name
+        (d / "eval").mkdir(parents=True)
+        write_tasks(d / "transfer_eval.jsonl",
+                    [TaskRecord(instance_id=i, repo=i, deleted_symbols=(f"p.m:{n}",)) for i, n in names.items()])
+        same = {"diff": gain, "se_paired": 0.1, "pass_a": 0.25, "pass_b": 0.25 + gain}
+        (d / "transfer.json").write_text(json.dumps({"templates": ["add"], "rl_pass_rate": [0.5],
+                                                     "groups": {"same templates": same}}))
+        tasks = [{"task_id": t, "n": len(o), "infra_failures": 0, "outcomes": o, "digests": list(o)}
+                 for t, o in after.items()]
+        (d / "eval" / "step000004.json").write_text(json.dumps({"tasks": tasks}))
+        rows = [{"step": s + 1, "rl/rollouts_total": 8.0 * (s + 1), "staleness/token_mean": x,
+                 "staleness/token_max": 2.0 * bool(x)} for s, x in enumerate(stale)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    arm("sync", {"h1": "1100", "h2": "0000", "h3": "1111"}, 0.0, [0.0, 0.0])
+    arm("async", {"h1": "1110", "h2": "0001", "h3": "0000"}, 0.25, [0.0, 1.5])
+    r = async_learning.seed_result(5, tmp_path / "seed5", {"sync": 0, "async": 2})
+    d = r["async_minus_sync"]
+    assert (d["tasks"], d["pairs"]) == (2, 8)  # h3 is not a trained template
+    assert d["sync"] == 0.25 and d["async"] == 0.5 and d["diff"] == 0.25
+    assert r["async"]["rollouts"] == 16 and r["async"]["staleness_token_mean"] == [0.0, 1.5]
+    async_learning.print_summary([r, r | {"seed": 6}], 2)
+    out = capsys.readouterr().out
+    assert "rollouts 16 and 16" in out and "0.00 1.50 (max 2)" in out
+    assert "async - sync" in out and "+0.250 (sd 0.000" in out
+    summary = async_learning.summarize([r, r | {"seed": 6}])
+    assert summary["async gain"]["values"] == [0.25, 0.25] and summary["sync gain"]["mean"] == 0.0
+    async_learning.plot([r], 2, tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
