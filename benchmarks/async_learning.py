@@ -1,12 +1,11 @@
 """Does asynchronous RL learn as well as synchronous RL? The template-transfer protocol, both ways.
 
-    .venv/bin/python benchmarks/async_learning.py --seeds 2 3 4 --out runs/async_learning
-    .venv/bin/python benchmarks/async_learning.py --seeds 2 3 4 --out runs/async_learning --report-only
     .venv/bin/python benchmarks/async_learning.py --seeds 1 2 3 --out runs/async_l1 \
         --warm micro.difficulty=1 --warm eval.samples_per_task=1 --eval-repos 36 --control 6 --samples 2 \
-        rl.steps=4 rollout.group_size=8 rollout.tasks_per_step=4
+        rl.steps=4 rollout.group_size=8 rollout.tasks_per_step=4     # docs/pipeline.md, 2026-12-05
+    .venv/bin/python benchmarks/async_learning.py --seeds 1 2 3 --out runs/async_l1 --report-only
 
-Per seed: one warm start (`carl train seed=N micro.seed=N rl.steps=0`), then `benchmarks/transfer.py`
+Per seed: one warm start (`carl train seed=N micro.seed=N rl.steps=0` and the --warm overrides), then `benchmarks/transfer.py`
 twice from it (RL on --templates, scored on unseen tasks of them and of the other templates), once
 with rollout.max_staleness=0 (synchronous) and once with --staleness (default 2), the same tasks,
 seed, steps and number of rollouts in both (no dynamic sampling: rollout.max_extra_batches=0;
