@@ -5,8 +5,8 @@
         rl.steps=4 rollout.group_size=8 rollout.tasks_per_step=4     # docs/pipeline.md, 2026-12-05
     .venv/bin/python benchmarks/async_learning.py --seeds 1 2 3 --out runs/async_l1 --report-only
 
-Per seed: one warm start (`carl train seed=N micro.seed=N rl.steps=0` and the --warm overrides), then `benchmarks/transfer.py`
-twice from it (RL on --templates, scored on unseen tasks of them and of the other templates), once
+Per seed: one warm start (`carl train seed=N micro.seed=N rl.steps=0` and the --warm overrides), then
+`benchmarks/transfer.py` twice from it (RL on --templates, scored on unseen tasks of them and of the other templates), once
 with rollout.max_staleness=0 (synchronous) and once with --staleness (default 2), the same tasks,
 seed, steps and number of rollouts in both (no dynamic sampling: rollout.max_extra_batches=0;
 rl.steps alone bounds RL: rl.max_rollouts=0). The
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from transfer import SAME, template  # noqa: E402
+from transfer_seeds import plot_per_seed  # noqa: E402
 
 from carl.eval.paired import paired_difference  # noqa: E402
 from carl.eval.seeds import seed_spread  # noqa: E402
@@ -155,28 +156,12 @@ def print_summary(results: list[dict], staleness: int) -> None:
 
 def plot(results: list[dict], staleness: int, path: Path) -> None:
     """Per seed, each arm's same-template gain with its paired standard error; dashed: the mean over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (name, label) in enumerate((("sync", "synchronous"), ("async", f"max_staleness {staleness}"))):
-        xs = [j + (i - 0.5) * 0.3 for j in range(len(results))]
-        gains = [r[name]["gain"] for r in results]
-        ax.errorbar(xs, gains, yerr=[r[name]["se"] for r in results], fmt="o", capsize=4, color=f"C{i}", label=label)
-        ax.axhline(sum(gains) / len(gains), color=f"C{i}", linestyle="--", linewidth=0.8)
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(results)), [f"seed {r['seed']}" for r in results])
-    ax.set_xlim(-0.6, len(results) - 0.4)
-    ax.set_ylabel("held-out pass@1, trained templates:\nafter RL - warm start (± paired SE)")
-    ax.set_title("synchronous vs asynchronous RL at equal rollouts; dashed: mean over seeds", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"plot: {path}")
-
+    summary = summarize(results)
+    plot_per_seed([(label, [r[name]["gain"] for r in results], [r[name]["se"] for r in results],
+                    summary[f"{name} gain"]["mean"])
+                   for name, label in (("sync", "synchronous"), ("async", f"max_staleness {staleness}"))],
+                  [r["seed"] for r in results], "held-out pass@1, trained templates:\nafter RL - warm start (± paired SE)",
+                  "synchronous vs asynchronous RL at equal rollouts; dashed: mean over seeds", path)
 
 if __name__ == "__main__":
     main()

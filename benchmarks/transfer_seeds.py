@@ -123,29 +123,37 @@ def print_result(result: dict) -> None:
 
 def plot(result: dict, path: Path) -> None:
     """Per seed, the same-template and control gains with their paired standard errors."""
+    runs = result["runs"]
+    plot_per_seed([(label, [r[key] for r in runs], [r[f"{key}_se"] for r in runs], result["over_seeds"][key]["mean"])
+                   for key, label in (("same", "same templates (trained on)"), ("control", "other templates"))],
+                  [r["seed"] for r in runs], "held-out pass@1: after RL - warm start",
+                  f"RL on {','.join(result['templates'])}; dashed: mean over seeds", path)
+
+
+def plot_per_seed(series: list[tuple[str, list[float], list[float], float]], seeds: list, ylabel: str, title: str,
+                  path: Path) -> None:
+    """One point per seed for each (label, values, standard errors, mean over seeds) of `series`, side by
+    side, with the mean dashed in the series' colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    runs = result["runs"]
-    for i, (key, label) in enumerate((("same", "same templates (trained on)"), ("control", "other templates"))):
-        xs = [j + (i - 0.5) * 0.3 for j in range(len(runs))]
-        ax.errorbar(xs, [r[key] for r in runs], yerr=[r[f"{key}_se"] for r in runs], fmt="o", capsize=4,
-                    color=f"C{i}", label=label)
-        ax.axhline(result["over_seeds"][key]["mean"], color=f"C{i}", linestyle="--", linewidth=0.8)
+    for i, (label, values, ses, mean) in enumerate(series):
+        xs = [j + (i - 0.5) * 0.3 for j in range(len(seeds))]
+        ax.errorbar(xs, values, yerr=ses, fmt="o", capsize=4, color=f"C{i}", label=label)
+        ax.axhline(mean, color=f"C{i}", linestyle="--", linewidth=0.8)
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(runs)), [f"seed {r['seed']}" for r in runs])
-    ax.set_xlim(-0.6, len(runs) - 0.4)
-    ax.set_ylabel("held-out pass@1: after RL - warm start")
-    ax.set_title(f"RL on {','.join(result['templates'])}; dashed: mean over seeds")
+    ax.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
+    ax.set_xlim(-0.6, len(seeds) - 0.4)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     print(f"plot: {path}")
-
 
 if __name__ == "__main__":
     main()
