@@ -288,14 +288,18 @@ def continue_rl(run_dir: Path, steps: int) -> int | None:
 
 
 def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:
-    """RL tasks from `rl_repos` repos of `first`'s micro world (its resolved [micro] settings)."""
-    from carl.micro.world import build_micro_tasks
+    """RL tasks from `rl_repos` repos of `first`'s micro world (its resolved [micro] settings, its
+    micro.templates included)."""
+    from carl.micro.world import build_micro_tasks, keep_templates
 
     config = tomllib.loads((first / "config.toml").read_text())
     m, backend = config["micro"], config.get("sandbox", {}).get("backend", "bwrap")
-    build_micro_tasks(run_dir / "micro", m["seed"], m["difficulty"], {"rl": rl_repos}, m["modules_per_repo"],
-                      m["defs_per_module"], m["max_tasks_per_repo"], backend=backend,
-                      progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
+    world = build_micro_tasks(run_dir / "micro", m["seed"], m["difficulty"], {"rl": rl_repos}, m["modules_per_repo"],
+                              m["defs_per_module"], m["max_tasks_per_repo"], backend=backend,
+                              progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
+    if m.get("templates"):
+        keep_templates(world, m["templates"], run_dir / "micro", splits=("rl",))
+        return str(run_dir / "micro" / "rl.templates.jsonl")
     return str(run_dir / "micro" / "rl.jsonl")
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tomllib
@@ -45,6 +44,7 @@ from learning import branch_from, continue_rl
 
 from carl.eval.paired import paired_difference
 from carl.io import atomic_write_json, read_jsonl
+from carl.micro.world import template
 from carl.tasks import TaskRecord, load_tasks, write_tasks
 
 SAME, CONTROL = "same templates", "other templates (control)"  # transfer.json's group names
@@ -114,11 +114,6 @@ def main() -> None:
     print_summary(args.out, warm, templates)
 
 
-def template(task: TaskRecord) -> str:
-    """The micro world's template of a task: its deleted function's name without the noun (`add_price` -> add)."""
-    return re.split(r"[.:]", task.deleted_symbols[0])[-1].rsplit("_", 1)[0]  # "pkg.mod:add_price"
-
-
 def build_world(first: Path, out: Path, rl_repos: int, eval_repos: int) -> tuple[list[TaskRecord], list[TaskRecord]]:
     """RL and held-out tasks of `first`'s micro world (its resolved [micro] settings), more repos of each."""
     from carl.micro.world import build_micro_tasks
@@ -154,6 +149,8 @@ def print_summary(run_dir: Path, warm_path: Path, templates: list[str], after_pa
     rows: dict[str, dict] = {}
 
     def line(label: str, ids) -> None:
+        if not ids:  # --control 0: no control group
+            return
         d = paired_difference(*({"tasks": [t for t in r["tasks"] if t["task_id"] in ids]} for r in (warm, after)))
         rows[label] = {k: getattr(d, k) for k in d.__dataclass_fields__} | {"variance_ratio": d.variance_ratio}
         print(f"  {label:<26} {d.tasks:>3} tasks x {d.pairs / d.tasks:.1f}  {d.pass_a:.3f} -> {d.pass_b:.3f}  "

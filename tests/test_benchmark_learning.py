@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 from benchmark_modules import load
+from carl.errors import UserError
+from carl.train.state import branch_task_files
 
 learning = load("learning")
 
@@ -181,6 +183,20 @@ def test_a_branched_run_passes_on_the_task_files_its_config_names(tmp_path):
                                        'eval_tasks = "/w/micro/eval.jsonl"\n')
     assert learning.branch_from(first, tmp_path / "arm") == [
         "tasks=/w/micro/warm_start.jsonl", "rl_tasks=/w/micro/rl.jsonl", "eval_tasks=/w/micro/eval.jsonl"]
+
+
+def test_a_branch_of_a_run_on_some_templates_trains_and_evaluates_on_the_same_tasks(tmp_path):
+    first = tmp_path / "seed0_grpo"
+    _finished_run(first, with_eval=True)
+    (first / "config.toml").write_text('[micro]\ntemplates = ["shift", "scale"]\n')
+    with pytest.raises(UserError, match="micro world is incomplete"):  # a run of micro.templates wrote its cut sets
+        branch_task_files(first)
+    for name in ("rl", "eval"):
+        (first / "micro" / f"{name}.templates.jsonl").write_text("")
+    micro = (first / "micro").resolve()
+    assert branch_task_files(first) == {"tasks": str(micro / "warm_start.jsonl"),
+                                        "rl_tasks": str(micro / "rl.templates.jsonl"),
+                                        "eval_tasks": str(micro / "eval.templates.jsonl")}
 
 
 @pytest.mark.filterwarnings("ignore:carl. the 'local' sandbox backend")

@@ -63,6 +63,8 @@ def _one_line_error(capsys) -> str:
         ("limits.wall_time_s=0", "limits.wall_time_s: got 0"),
         ("micro.difficulty=6", "micro.difficulty: got 6"),
         ("micro.rl_repos=0", "micro.rl_repos: got 0"),
+        ('micro.templates=["shift","shift"]', "micro.templates: got ['shift', 'shift']"),
+        ('micro.templates=["add"]', "micro.templates: got ['add'], expected distinct templates of the level-4"),
         ("model.trainable_layers=-1", "model.trainable_layers: got -1"),
         ("checkpoint_every=0", "checkpoint_every: got 0"),
         ("sandbox.timeout_s=-1", "sandbox.timeout_s: got -1"),

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from carl.micro.generate import generate_repo
+from carl.micro.generate import LEVELS, generate_repo
 
 
 def test_same_seed_same_bytes(tmp_path):
@@ -71,3 +71,16 @@ def test_bad_arguments(tmp_path):
     (tmp_path / "full" / "f").write_text("x")
     with pytest.raises(ValueError, match="is not empty"):
         generate_repo(tmp_path / "full", seed=1)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_templates_of_a_level_names_every_template_its_repos_have(level, tmp_path):
+    import re
+
+    from carl.micro.generate import templates_of
+
+    seen = set()
+    for seed in range(6):
+        repo = generate_repo(tmp_path / str(seed), seed=seed, difficulty=level)
+        seen |= {re.split(r"[.:]", d)[-1].rsplit("_", 1)[0] for d in repo.definitions if not d.split(".")[-1][0].isupper()}
+    assert seen <= set(templates_of(level)) and len(seen) >= 4

@@ -64,3 +64,25 @@ def test_a_repo_that_gives_no_tasks_stops_the_build_and_names_the_repo(tmp_path,
 def test_a_negative_number_of_jobs_is_refused(tmp_path):
     with pytest.raises(ValueError, match="jobs: got -1"):
         build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"eval": 1}, jobs=-1)
+
+
+def test_keep_templates_cuts_rl_and_eval_to_the_named_templates_and_writes_them(tmp_path):
+    from carl.micro.world import keep_templates, template
+    from carl.tasks import TaskRecord, load_tasks
+
+    def task(i: str, name: str) -> TaskRecord:
+        return TaskRecord(instance_id=i, repo=i[:2], deleted_symbols=(f"pkg.rules:{name}",))
+
+    assert template(task("r1__0", "clamp_all_price")) == "clamp_all"
+    assert template(TaskRecord(instance_id="m", repo="m", deleted_symbols=("pkg.mod:Meter.reset_total",))) == "reset"
+    world = {"warm_start": [task("w1__0", "clamp_price")],
+             "rl": [task("r1__0", "shift_price"), task("r1__1", "clamp_price"), task("r2__0", "scale_level")],
+             "eval": [task("h1__0", "scale_name"), task("h1__1", "tag_name"), task("h2__0", "shift_label")]}
+    kept = keep_templates(world, ["shift", "scale"], tmp_path)
+    assert kept["warm_start"] == world["warm_start"]  # the warm start keeps every template
+    assert [t.instance_id for t in kept["rl"]] == ["r1__0", "r2__0"]
+    assert [t.instance_id for t in kept["eval"]] == ["h1__0", "h2__0"]
+    assert [t.instance_id for t in load_tasks(tmp_path / "eval.templates.jsonl")] == ["h1__0", "h2__0"]
+    with pytest.raises(ValueError, match=r"\['tag'\] match no rl task of this world; its rl tasks' templates are "
+                                         r"\['clamp', 'scale', 'shift'\]"):
+        keep_templates(world, ["shift", "tag"], tmp_path)

@@ -98,6 +98,19 @@ class MicroRepo:
     seed: int
 
 
+def templates_of(level: int) -> tuple[str, ...]:
+    """The templates a level's tasks can have (a template is a deleted definition's name without its
+    noun: `shift_price` -> shift; a class method's is its own name), in the order they are defined."""
+    if level not in LEVELS:
+        raise ValueError(f"difficulty: got {level!r}, expected one of {LEVELS}")
+    if level >= 4:
+        from carl.micro.reading import RULES
+
+        return tuple(rule.stem for rule in RULES)
+    stems = [t[0] for t in _ONE_LINERS + (_MULTI_LINE if level >= 2 else [])]
+    return tuple(stems + (["reset"] if level >= 3 else []))  # a class's `add` shares the one-liner's name
+
+
 def generate_repo(out_dir: str | Path, seed: int, difficulty: int = 1, num_modules: int = 2,
                   defs_per_module: int = 3) -> MicroRepo:
     """Write a micro repository into `out_dir` (created; must be empty or absent)."""

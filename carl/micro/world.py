@@ -15,12 +15,13 @@ reuses what it built.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from carl.micro.generate import generate_repo
-from carl.tasks import TaskRecord, load_tasks
+from carl.tasks import TaskRecord, load_tasks, write_tasks
 from carl.tasks.build import BuildConfig, build_repo, finished_specs, record_finished
 
 SPLITS = ("warm_start", "rl", "eval")
@@ -95,3 +96,26 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
             raise RuntimeError(f"micro world built no {split} tasks from {num_repos} repos "
                                f"(see the drop reasons in {out / (split + '.store')})")
     return world
+
+
+def template(task: TaskRecord) -> str:
+    """A micro task's template: its deleted function's name without the noun ("pkg.mod:shift_price" -> shift,
+    "pkg.mod:Meter.reset_total" -> reset)."""
+    return re.split(r"[.:]", task.deleted_symbols[0])[-1].rsplit("_", 1)[0]
+
+
+def keep_templates(world: Mapping[str, list[TaskRecord]], templates: Sequence[str], out_dir: str | Path,
+                   splits: Sequence[str] = ("rl", "eval")) -> dict[str, list[TaskRecord]]:
+    """`world` with its `splits` cut to the tasks of `templates`; each cut split is also written to
+    <out_dir>/<split>.templates.jsonl (what a branch of the run trains and evaluates on). Raises
+    ValueError naming a template that no task of a split has, with the templates the split does have."""
+    out = dict(world)
+    for split in splits:
+        have = sorted({template(t) for t in world[split]})
+        missing = [name for name in templates if name not in have]
+        if missing:
+            raise ValueError(f"micro.templates: {missing} match no {split} task of this world; its {split} tasks' "
+                             f"templates are {have} (more micro.{split}_repos may bring more templates)")
+        out[split] = [t for t in world[split] if template(t) in templates]
+        write_tasks(Path(out_dir) / f"{split}.templates.jsonl", out[split])
+    return out

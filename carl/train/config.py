@@ -90,9 +90,15 @@ class MicroConfig:
     defs_per_module: int = 3
     max_tasks_per_repo: int = 3
     """Tasks kept per generated repo (feature-deletion candidates, stub mode)."""
+    templates: tuple[str, ...] = ()
+    """RL and the held-out evals use only tasks of these templates (a task's template is its deleted
+    function's name without the noun: `shift_price` -> shift; carl.micro.world.template); the warm
+    start keeps every template. Empty: all templates. RL on a few templates, with more rollouts per
+    template, is what learned in docs/training.md ("RL on a few templates"); a template that no RL or
+    no held-out task of the world has stops the run with the templates it does have."""
 
     def __post_init__(self) -> None:
-        from carl.micro.generate import LEVELS
+        from carl.micro.generate import LEVELS, templates_of
 
         if self.difficulty not in LEVELS:
             raise ValueError(f"micro.difficulty: got {self.difficulty}, expected one of {LEVELS}")
@@ -100,6 +106,11 @@ class MicroConfig:
                      "max_tasks_per_repo"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"micro.{name}: got {getattr(self, name)}, expected a positive integer")
+        known = templates_of(self.difficulty)
+        if any(t not in known for t in self.templates) or len(set(self.templates)) != len(self.templates):
+            raise ValueError(f"micro.templates: got {list(self.templates)}, expected distinct templates of the "
+                             f"level-{self.difficulty} world (micro.difficulty={self.difficulty}): {list(known)}; "
+                             f"micro.templates=[] keeps every template")
 
 
 @dataclass(frozen=True)

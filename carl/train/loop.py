@@ -386,7 +386,7 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, progress: RunProgress) -> di
                 "eval": load_tasks(cfg.eval_tasks, require_repos=True)}
     if cfg.rl_tasks or cfg.eval_tasks:
         raise ConfigError("rl_tasks/eval_tasks: set `tasks` too, or none of them for the micro world")
-    from carl.micro.world import build_micro_tasks
+    from carl.micro.world import build_micro_tasks, keep_templates
 
     m = cfg.micro
     repos = {"warm_start": m.warm_start_repos, "rl": m.rl_repos, "eval": m.eval_repos}
@@ -395,8 +395,15 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, progress: RunProgress) -> di
                               m.max_tasks_per_repo, backend=cfg.sandbox.backend,
                               progress=lambda split, s, r: progress.advance())
     progress.end()
+    kept = ""
+    if m.templates:
+        try:
+            world = keep_templates(world, m.templates, run_dir / "micro")
+        except ValueError as e:
+            raise UserError(f"{e}; micro.templates=[] keeps every template") from None
+        kept = f" of templates {', '.join(m.templates)}"
     progress.console.print(f"micro world (level {m.difficulty}): {len(world['warm_start'])} warm-start, "
-                           f"{len(world['rl'])} RL and {len(world['eval'])} held-out tasks")
+                           f"{len(world['rl'])} RL and {len(world['eval'])} held-out tasks{kept}")
     return world
 
 
