@@ -68,7 +68,7 @@ def main() -> None:
             warm = root / "warm"
             if not (warm / "report.json").exists():
                 run([sys.executable, "-m", "carl", "train", f"seed={seed}", f"micro.seed={seed}", "rl.steps=0",
-                     *args.warm, f"run_dir={warm}"])
+                     "micro.templates=[]", *args.warm, f"run_dir={warm}"])  # transfer.py picks the templates
             for name, s in arms.items():
                 out = root / name
                 shared = root / "sync" / "transfer_warm.json"

@@ -94,7 +94,7 @@ def _finished_run(run_dir: Path, with_eval: bool, phase: str = "rl") -> None:
     (run_dir / "report.json").write_text("{}")
     (run_dir / "config.toml").write_text("")  # the defaults: tasks from the run's own micro world
     (run_dir / "micro").mkdir()
-    for name in ("warm_start", "rl", "eval"):
+    for name in ("warm_start", "rl", "eval", "rl.templates", "eval.templates"):  # the default: micro.templates
         (run_dir / "micro" / f"{name}.jsonl").write_text("")
     rows = [{"step": -1, "loss/sft": 1.0}, {"step": 0, "eval/pass@1": 0.25}, {"step": 1, "rl/reward_mean": 0.5}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "rl/rew')
@@ -107,8 +107,9 @@ def test_an_arm_branches_from_the_first_arms_warm_start(tmp_path, with_eval):
     first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_grpo+errcost"
     _finished_run(first, with_eval)
     overrides = learning.branch_from(first, arm)
-    assert overrides == [f"tasks={first / 'micro' / 'warm_start.jsonl'}", f"rl_tasks={first / 'micro' / 'rl.jsonl'}",
-                         f"eval_tasks={first / 'micro' / 'eval.jsonl'}"]
+    assert overrides == [f"tasks={first / 'micro' / 'warm_start.jsonl'}",
+                         f"rl_tasks={first / 'micro' / 'rl.templates.jsonl'}",
+                         f"eval_tasks={first / 'micro' / 'eval.templates.jsonl'}"]
     assert (arm / "checkpoints" / "latest").read_text().strip() == "step_000000"
     assert (arm / "checkpoints" / "step_000000" / "model" / "weights").read_text() == "w0"
     assert (arm / "eval" / "step000000.json").exists() == with_eval  # older runs have no eval report
@@ -130,7 +131,7 @@ def test_an_arm_with_other_eval_settings_evaluates_the_warm_start_again(tmp_path
     assert learning.eval_changes(first, None, ["seed=1"]) == ["seed: 0 -> 1"]  # other episode streams
     other = tmp_path / "other.jsonl"  # `carl train --branch-from` with its own held-out tasks
     assert warm_eval_changes(first, load_config(TrainConfig, None, [f"eval_tasks={other}"])) == [
-        f"eval_tasks: {str((first / 'micro' / 'eval.jsonl').resolve())!r} -> {str(other)!r}"]
+        f"eval_tasks: {str((first / 'micro' / 'eval.templates.jsonl').resolve())!r} -> {str(other)!r}"]
     learning.branch_from(first, arm, reevaluate=True)
     assert not (arm / "eval" / "step000000.json").exists()  # made again by the branch, under its settings
     assert _phase(arm / "checkpoints" / "step_000000") == ("rl", [])
@@ -188,7 +189,9 @@ def test_a_branched_run_passes_on_the_task_files_its_config_names(tmp_path):
 def test_a_branch_of_a_run_on_some_templates_trains_and_evaluates_on_the_same_tasks(tmp_path):
     first = tmp_path / "seed0_grpo"
     _finished_run(first, with_eval=True)
-    (first / "config.toml").write_text('[micro]\ntemplates = ["shift", "scale"]\n')
+    (first / "config.toml").write_text('[micro]\ntemplates = ["shift", "tag"]\n')
+    for name in ("rl", "eval"):
+        (first / "micro" / f"{name}.templates.jsonl").unlink()
     with pytest.raises(UserError, match="micro world is incomplete"):  # a run of micro.templates wrote its cut sets
         branch_task_files(first)
     for name in ("rl", "eval"):
@@ -204,7 +207,7 @@ def test_a_branch_with_rl_repos_trains_on_its_own_rl_set_of_the_same_world(tmp_p
     first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_grpo+more"
     _finished_run(first, with_eval=True)
     (first / "config.toml").write_text(
-        "[micro]\nseed = 0\ndifficulty = 1\nmodules_per_repo = 1\ndefs_per_module = 2\nmax_tasks_per_repo = 1\n"
+        "[micro]\nseed = 0\ndifficulty = 1\ntemplates = []\nmodules_per_repo = 1\ndefs_per_module = 2\nmax_tasks_per_repo = 1\n"
         '[sandbox]\nbackend = "local"\n')
     overrides = learning.branch_from(first, arm, rl_repos=2)
     assert overrides == [f"tasks={first / 'micro' / 'warm_start.jsonl'}", f"rl_tasks={arm / 'micro' / 'rl.jsonl'}",

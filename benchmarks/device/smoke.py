@@ -21,7 +21,7 @@ model = save_tiny_model(root / "tiny")
 t0 = time.time()
 cfg = load_config(TrainConfig, None, [
     f"run_dir={root / 'run'}", f"model.path={model}", "model.trainable_layers=1", f"model.device={device}",
-    "micro.warm_start_repos=1", "micro.rl_repos=1", "micro.eval_repos=1", "sandbox.backend=local",
+    "micro.warm_start_repos=1", "micro.rl_repos=1", "micro.eval_repos=1", "micro.templates=[]", "sandbox.backend=local",
     "limits.max_turns=4", "limits.max_new_tokens=400", "limits.max_tokens=40000",  # the tiny tokenizer is ~bytes
     "limits.context_budget_tokens=20000", "warm_start.bad_call=0", "warm_start.wrong_edit=0", "warm_start.skip_read=1",
     "warm_start.episodes=2", "warm_start.epochs=1", "rl.steps=1", "rl.kl_coef=1.0",
