@@ -45,6 +45,7 @@ from carl.online.store import StoreConfig  # noqa: E402
 from carl.sandbox.base import SandboxConfig  # noqa: E402
 from carl.tasks import load_tasks  # noqa: E402
 from carl.train.config import RLConfig  # noqa: E402
+from carl.train.state import branch_task_files  # noqa: E402
 from serve_load import free_port, wait_healthy  # noqa: E402  (benchmarks/, next to this file)
 
 
@@ -69,7 +70,8 @@ def main() -> None:
 
     run, work = Path(args.run), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    traffic_tasks = load_tasks(run / "micro" / "rl.jsonl", require_repos=True)
+    files = branch_task_files(run)  # the run's own RL and held-out tasks (its micro.templates' cut, if any)
+    traffic_tasks = load_tasks(files["rl_tasks"], require_repos=True)
     sandbox = SandboxConfig(backend="bwrap")
     prefix = "late" if args.phase == "failures" else "user"  # tokens are shown once: a later phase adds users
     users, admin = provision(traffic_tasks, [f"{prefix}{i}" for i in range(args.users)], work / "ws", work / "users",
@@ -91,7 +93,7 @@ def main() -> None:
                            run_dir=str(work / "online"), serve_url=url, workspaces=str(work / "ws"), store=store,
                            min_requests=8, signal_wait_s=0.0, rl=RLConfig(steps=args.steps, lr=args.lr),
                            baseline=args.baseline,
-                           gate=GateConfig(eval_tasks=str(run / "micro" / "eval.jsonl"),
+                           gate=GateConfig(eval_tasks=files["eval_tasks"],
                                            samples_per_task=args.gate_samples, replay_requests=4),
                            rollback=RollbackConfig(min_requests=8, z=1.0), cadence_s=0)
         loop = OnlineLoop(cfg)
