@@ -23,11 +23,11 @@ def gain(run: Path):
     return d, over_tasks(d).se_paired, rollouts
 
 
-def table(arm: str) -> list[float]:
+def table(arm: str) -> dict[int, float]:
     print(f"\n{arm}\n| seed | held-out tasks | rollouts (steps) | warm start | after RL | RL - warm "
           f"± s.e. over tasks (samples' luck) | z over tasks | tasks better / worse |")
     print("|---|---|---|---|---|---|---|---|")
-    diffs, beyond = [], 0
+    diffs, beyond = {}, 0
     for seed in SEEDS:
         run = HERE / f"seed{seed}_{arm}"
         if not (run / "report.json").exists():
@@ -36,11 +36,11 @@ def table(arm: str) -> list[float]:
         d, se_t, rollouts = gain(run)
         z = d.diff / se_t if se_t else float("inf") if d.diff > 0 else 0.0
         beyond += z > 2
-        diffs.append(d.diff)
+        diffs[seed] = d.diff
         print(f"| {seed} | {d.tasks} | {rollouts[-1]} ({len(rollouts)}) | {d.pass_a:.3f} | {d.pass_b:.3f} | "
               f"{d.diff:+.3f} ± {se_t:.3f} ({d.se_paired:.3f}) | {z:.1f} | {d.tasks_better} / {d.tasks_worse} |")
     if len(diffs) > 1:
-        s = seed_spread(diffs)
+        s = seed_spread(list(diffs.values()))
         print(f"mean {s.mean:+.3f}, sample sd {s.sd:.3f}, 95% t-interval {s.low:+.3f} to {s.high:+.3f} (n = {s.n}); "
               f"{beyond} of {len(diffs)} seeds beyond 2 standard errors over tasks")
     return diffs
@@ -48,8 +48,9 @@ def table(arm: str) -> list[float]:
 
 grpo = table("grpo+errcost")
 sd = table("grpo+errcost+sd")
-if len(sd) == len(grpo) > 1:
-    both = [b - a for a, b in zip(grpo, sd)]
-    s = seed_spread(both)
-    print(f"\nself-distillation - Dr. GRPO after RL, per seed {', '.join(f'{x:+.3f}' for x in both)}: mean "
-          f"{s.mean:+.3f}, sample sd {s.sd:.3f}, 95% t-interval {s.low:+.3f} to {s.high:+.3f}")
+both = {seed: sd[seed] - grpo[seed] for seed in sd if seed in grpo}  # the same warm start and eval tasks
+if len(both) > 1:
+    s = seed_spread(list(both.values()))
+    print(f"\nself-distillation - Dr. GRPO after RL, seeds {', '.join(map(str, both))}: "
+          f"{', '.join(f'{x:+.3f}' for x in both.values())}; mean {s.mean:+.3f}, sample sd {s.sd:.3f}, "
+          f"95% t-interval {s.low:+.3f} to {s.high:+.3f}")
