@@ -20,12 +20,14 @@ limits.context_strategy, an eval.* override) evaluates the warm start again unde
 reused, so an interrupted benchmark resumes.
 
 Printed: per seed and arm, warm-start and RL pass@1, and from the run's per-task eval reports the
-paired RL - warm-start difference ± its paired standard error (`carl.eval.paired`: sampling noise
-of that seed's evals, when the reports kept per-sample outcomes) and how many held-out tasks RL
+paired RL - warm-start difference ± its two paired standard errors (`carl.eval.paired`, when the
+reports kept per-sample outcomes): over tasks, the one `carl train`'s verdict uses (which held-out
+tasks were drawn counts too: the noise of a claim about tasks of their kind), and the samples' luck
+on these tasks alone (smaller; it holds the tasks fixed). Then how many held-out tasks RL
 solved more and less often, with an exact two-sided sign test of that seed's split. Per arm over
 seeds: the mean, the sample standard deviation and the 95% Student t-interval of the mean
 (`carl.eval.seeds`) of warm start, after RL and RL - warm start, whether that interval excludes 0,
-how many seeds improved and how many by more than 2 paired standard errors, tokens per episode and
+how many seeds improved and how many by more than 2 paired standard errors (by each), tokens per episode and
 the tool-call error rate of the RL rollouts. Task counts are not pooled over seeds into one test:
 the seeds, not the tasks, are the replicates of an RL run. Results go to <out>/learning.json (every
 run's row, the over-seeds statistics per arm) and <out>/learning.png (one line per seed: warm start
@@ -46,7 +48,7 @@ import tomllib
 from pathlib import Path
 
 from carl.errors import UserError
-from carl.eval.paired import paired_difference
+from carl.eval.paired import over_tasks, paired_difference
 from carl.eval.seeds import seed_spread
 from carl.train.checkpoint import load_state, save_state
 from carl.train.state import branch_run, branch_task_files, extend_run, warm_eval_changes
@@ -332,7 +334,9 @@ def run_result(run_dir: Path, seed: int) -> dict:
 def task_changes(run_dir: Path) -> dict:
     """Held-out tasks that RL solved more / less often than the warm start, from the run's per-task
     eval reports (`eval/stepNNNNNN.json`: warm start = step 0, RL = the last step), and, when both
-    reports kept per-sample outcomes, the paired difference of pass@1 and its standard error."""
+    reports kept per-sample outcomes, the paired difference of pass@1 and its two standard errors: over
+    tasks (`paired_se_tasks`, as `carl train`'s verdict: which tasks were drawn counts too, the noise of
+    a claim about held-out tasks of their kind) and the samples' luck on these tasks alone (`paired_se`)."""
     reports = sorted((run_dir / "eval").glob("step*.json"))
     if len(reports) < 2:
         return {}
@@ -342,7 +346,7 @@ def task_changes(run_dir: Path) -> dict:
                "tasks_worse": sum(rl_passes.get(t, 0) < n for t, n in warm_passes.items())}
     if all("outcomes" in t for r in (warm, rl) for t in r["tasks"]):  # reports since 2026-11-27
         d = paired_difference(warm, rl)
-        changes |= {"paired_diff": d.diff, "paired_se": d.se_paired}
+        changes |= {"paired_diff": d.diff, "paired_se": d.se_paired, "paired_se_tasks": over_tasks(d).se_paired}
     return changes
 
 
@@ -363,14 +367,18 @@ def sign_test(better: int, worse: int) -> float:
 
 def over_seeds(rows: list[dict]) -> dict:
     """One arm over its seeds: mean, sample sd and 95% t-interval of warm start, after RL and RL - warm
-    start (`carl.eval.seeds`); how many seeds improved, and by more than 2 paired standard errors."""
+    start (`carl.eval.seeds`); how many seeds improved, and by more than 2 paired standard errors: over
+    tasks (`beyond_2se_tasks`, of the `with_se_tasks` seeds that have it) and the samples' luck alone."""
     diff = [r["rl"] - r["warm"] for r in rows]
     with_se = [r for r in rows if "paired_se" in r]
+    with_se_tasks = [r for r in rows if "paired_se_tasks" in r]  # runs of learning.json files before 2026-12-05 lack it
     return {"seeds": [r["seed"] for r in rows],
             **{key: seed_spread(xs).to_dict() for key, xs in
                (("warm", [r["warm"] for r in rows]), ("rl", [r["rl"] for r in rows]), ("rl_minus_warm", diff))},
             "improved": sum(d > 0 for d in diff),
             "beyond_2se": sum(r["paired_diff"] > 2 * r["paired_se"] for r in with_se), "with_se": len(with_se),
+            "beyond_2se_tasks": sum(r["paired_diff"] > 2 * r["paired_se_tasks"] for r in with_se_tasks),
+            "with_se_tasks": len(with_se_tasks),
             "tokens": statistics.mean(r["tokens"] for r in rows),
             "tool_errors": statistics.mean(r["tool_errors"] for r in rows),
             "rl_batches": statistics.mean(r["rl_batches"] for r in rows),
@@ -394,8 +402,7 @@ def print_summary(results: dict[str, list[dict]]) -> None:
         print(f"  after RL     {seed_spread([r['rl'] for r in rows]).format()}")
         print(f"  RL - warm    {gain.format(signed=True)}: {gain.in_words()}")
         print(f"  seeds improved {o['improved']}/{n}"
-              + (f", by more than 2 paired standard errors {o['beyond_2se']}/{o['with_se']}"
-                 + ("" if o["with_se"] == n else " (the seeds whose eval reports kept per-sample outcomes)")
+              + (f", by more than 2 paired standard errors {_beyond(o, n)}"
                  if o["with_se"] else " (no per-sample outcomes in the eval reports: no paired standard errors)")
               + f"; RL rollouts: {o['tokens']:.0f} tokens/episode, tool-call error rate {o['tool_errors']:.2f}, "
                 f"{o['rl_batches']:.1f} batches"
@@ -403,8 +410,23 @@ def print_summary(results: dict[str, list[dict]]) -> None:
                         if o[key] is not None))
 
 
+def _beyond(o: dict, n: int) -> str:
+    """Seeds beyond 2 paired standard errors, by each standard error, e.g. "4/5 over tasks (3/5 by the
+    samples' luck alone)"."""
+    some = "" if o["with_se"] == n else " (the seeds whose eval reports kept per-sample outcomes)"
+    luck = f"{o['beyond_2se']}/{o['with_se']}"
+    if not o["with_se_tasks"]:
+        return luck + " by the samples' luck alone" + some
+    return f"{o['beyond_2se_tasks']}/{o['with_se_tasks']} over tasks ({luck} by the samples' luck alone){some}"
+
+
 def print_row(arm: str, r: dict) -> None:
-    paired = (f" ({r['paired_diff']:+.3f} ± {r['paired_se']:.3f} paired s.e.)" if "paired_se" in r else "")
+    paired = ""
+    if "paired_se_tasks" in r:
+        paired = (f" ({r['paired_diff']:+.3f} ± {r['paired_se_tasks']:.3f} paired s.e. over tasks, "
+                  f"± {r['paired_se']:.3f} the samples' luck alone)")
+    elif "paired_se" in r:
+        paired = f" ({r['paired_diff']:+.3f} ± {r['paired_se']:.3f} paired s.e., the samples' luck alone)"
     tasks = (f"; held-out tasks better/worse {r['tasks_better']}/{r['tasks_worse']} "
              f"(sign test p = {sign_test(r['tasks_better'], r['tasks_worse']):.2g})" if "tasks_better" in r else "")
     print(f"seed {r['seed']} {arm}: held-out pass@1 warm start {r['warm']:.3f} -> after RL {r['rl']:.3f}{paired}"
@@ -429,7 +451,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
                     label=arm if r is rows[0] else None)
         xs = [seeds.index(r["seed"]) + (i - (len(results) - 1) / 2) * width for r in rows]
         bx.bar(xs, [r["rl"] - r["warm"] for r in rows], width, color=f"C{i}", label=arm,  # ± 2 paired s.e.
-               yerr=[2 * r.get("paired_se", math.nan) for r in rows], capsize=3)
+               yerr=[2 * r.get("paired_se_tasks", r.get("paired_se", math.nan)) for r in rows], capsize=3)
     ax.set_xticks([0, 1], ["warm start", "after RL"])
     ax.set_ylabel("held-out pass@1")
     ax.set_title("one line per seed")
@@ -437,7 +459,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     bx.axhline(0, color="black", linewidth=0.8)
     bx.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
     bx.set_ylabel("after RL - warm start")
-    bx.set_title("RL - warm start, ± 2 paired s.e.")
+    bx.set_title("RL - warm start, ± 2 paired s.e. over tasks")
     bx.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -36,8 +36,10 @@ def test_task_changes_adds_the_paired_difference_when_reports_keep_per_sample_ou
     _outcomes_report(tmp_path / "eval" / "step000000.json", {"a": "00", "b": "10"})
     _outcomes_report(tmp_path / "eval" / "step000005.json", {"a": "11", "b": "10"})
     changes = learning.task_changes(tmp_path)
-    # per task mean of B - A: a +1, b 0 -> diff 0.5; per-pair variance 0 in both tasks -> paired s.e. 0
-    assert changes == {"tasks_better": 1, "tasks_worse": 0, "paired_diff": 0.5, "paired_se": 0.0}
+    # per task mean of B - A: a +1, b 0 -> diff 0.5; per-pair variance 0 in both tasks -> paired s.e. 0;
+    # over tasks the per-task differences 1 and 0 spread: sd 0.707 / sqrt(2) = 0.5
+    assert changes == {"tasks_better": 1, "tasks_worse": 0, "paired_diff": 0.5, "paired_se": 0.0,
+                       "paired_se_tasks": pytest.approx(0.5)}
 
 
 def _row(seed: int, warm: float, rl: float, **extra) -> dict:
@@ -46,25 +48,32 @@ def _row(seed: int, warm: float, rl: float, **extra) -> dict:
 
 
 def test_over_seeds_gives_the_sample_sd_and_t_interval_and_no_pooled_test(capsys):
-    rows = [_row(0, 0.2, 0.3, paired_diff=0.1, paired_se=0.03, tasks_better=5, tasks_worse=0),
-            _row(1, 0.2, 0.4, paired_diff=0.2, paired_se=0.2, tasks_better=9, tasks_worse=1),
-            _row(2, 0.2, 0.5, paired_diff=0.3, paired_se=0.05, tasks_better=6, tasks_worse=2)]
+    rows = [_row(0, 0.2, 0.3, paired_diff=0.1, paired_se=0.03, paired_se_tasks=0.06, tasks_better=5, tasks_worse=0),
+            _row(1, 0.2, 0.4, paired_diff=0.2, paired_se=0.2, paired_se_tasks=0.25, tasks_better=9, tasks_worse=1),
+            _row(2, 0.2, 0.5, paired_diff=0.3, paired_se=0.05, paired_se_tasks=0.2, tasks_better=6, tasks_worse=2)]
     o = learning.over_seeds(rows)
     gain = o["rl_minus_warm"]  # 0.1, 0.2, 0.3: sd 0.1, 95% interval 0.2 ± 4.303 * 0.1 / sqrt(3) = 0.2 ± 0.248
     assert gain["mean"] == pytest.approx(0.2) and gain["sd"] == pytest.approx(0.1)
     assert (gain["ci95_low"], gain["ci95_high"]) == pytest.approx((0.2 - 0.2484, 0.2 + 0.2484), abs=1e-4)
     assert o["warm"]["sd"] == 0.0 and (o["improved"], o["beyond_2se"], o["with_se"]) == (3, 2, 3)
+    assert (o["beyond_2se_tasks"], o["with_se_tasks"]) == (0, 3)  # 0.1 < 0.12, 0.2 < 0.5, 0.3 < 0.4
     learning.print_summary({"grpo": rows})
     out = capsys.readouterr().out
     assert "RL - warm    +0.200 (sd 0.100, 95% CI [-0.048, +0.448], n=3)" in out
-    assert "not distinguishable from 0" in out and "by more than 2 paired standard errors 2/3" in out
+    assert "not distinguishable from 0" in out
+    assert "by more than 2 paired standard errors 0/3 over tasks (2/3 by the samples' luck alone)" in out
     assert "sign test" not in out  # no test of task counts pooled over the seeds
     assert "8.0 batches;" not in out and "8.0 batches\n" in out  # runs without steps or rollouts say neither
     learning.print_summary({"grpo": [_row(0, 0.2, 0.3, rl_steps=5, rl_rollouts=96),
                                      _row(1, 0.2, 0.3, rl_steps=4, rl_rollouts=100)]})
     assert "8.0 batches, 4.5 steps, 98.0 rollouts" in capsys.readouterr().out
     learning.print_row("grpo", rows[1])
-    assert "+0.200 ± 0.200 paired s.e." in capsys.readouterr().out  # the per-seed test is fine
+    assert "+0.200 ± 0.250 paired s.e. over tasks, ± 0.200 the samples' luck alone" in capsys.readouterr().out
+    old = {k: v for k, v in rows[0].items() if k != "paired_se_tasks"}  # a learning.json row from before the field
+    learning.print_summary({"grpo": [old]})
+    assert "by more than 2 paired standard errors 1/1 by the samples' luck alone" in capsys.readouterr().out
+    learning.print_row("grpo", old)
+    assert "+0.100 ± 0.030 paired s.e., the samples' luck alone" in capsys.readouterr().out
 
 
 def test_task_changes_needs_two_evals(tmp_path):
