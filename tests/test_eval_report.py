@@ -71,6 +71,8 @@ def test_infra_errors_say_why_unscored_samples_failed_per_task_overall_and_under
     caption = render_table(r).caption
     assert caption.startswith("3 samples failed in the infrastructure") and f"2x {missing}" in caption
     assert "infrastructure" not in render_table(build_report("t", s[2:3], k=1)).caption  # nothing failed: the legend only
+    assert [c.header for c in render_table(r).columns][-1] == "infra"  # unscored samples per task, when there are some
+    assert "infra" not in [c.header for c in render_table(build_report("t", s[2:3], k=1)).columns]
 
 
 def test_outcomes_and_digests_list_each_sample_in_order_with_infra_failures_marked():
@@ -120,7 +122,7 @@ def test_the_tables_stay_readable_in_80_columns():
 
     from carl.train.loop import print_final_report
 
-    long_id = "repo1003__calculator_ops-function-stub-2"
+    long_id = "an-id-from-another-source/calculator_ops/function/stub/2"  # not the pipeline's form: kept whole
     r = build_report("micro eval", [Sample(long_id, True, 1.0, 10, 3, 0, 1.0, stop_reason="finished")], k=1)
     console = Console(width=80, record=True)
     console.print(render_table(r))
@@ -129,10 +131,30 @@ def test_the_tables_stay_readable_in_80_columns():
     print_final_report(console, reports, __import__("pathlib").Path("/tmp/run"))
     text = console.export_text()
     assert "…" not in text
-    for header in ("passed", "pass@1", "tokens", "calls", "done", "done|pass", "wall s", "infra", "checkpoint",
-                   "warm_start"):
+    for header in ("passed", "pass@1", "tokens", "calls", "done", "done|pass", "wall s", "checkpoint", "warm_start"):
         assert header in text, header
+    assert "infra" not in text  # no sample failed in the infrastructure: no column for it
     lines = text.splitlines()
     body = lines[next(i for i, line in enumerate(lines) if "───" in line) + 1:]
     wrapped = "".join(line.split()[0] for line in body[:next(i for i, line in enumerate(body) if not line.strip())])
     assert wrapped == long_id  # the task column's lines, read down: every character of the id
+    # the task pipeline's ids (two from one repo) are shortened to one line each, and the legend says how
+    ids = ["repo100002__c83d85d9-function-stub-95629aa2", "repo100002__c83d85d9-function-stub-5828b7b9"]
+    r = build_report("micro eval", [Sample(t, True, 1.0, 10, 3, 0, 1.0, stop_reason="finished") for t in ids], k=1)
+    console = Console(width=80, record=True)
+    console.print(render_table(r))
+    text = console.export_text()
+    rows = [line.split()[0] for line in text.splitlines() if line.strip().startswith("repo")]
+    assert rows == ["repo100002:95629aa2", "repo100002:5828b7b9"]
+    assert "task: <repo>:<the last part of its id>" in text
+
+
+def test_short_task_ids_keep_ids_that_fit_or_do_not_parse_or_would_clash():
+    from carl.eval.report import short_task_ids
+
+    assert short_task_ids(["toolz__1.0-f-stub-ab12"]) == ["toolz__1.0-f-stub-ab12"]  # fits in 24
+    assert short_task_ids(["toolz__1.0.0-function-stub-ab12cd34"]) == ["toolz:ab12cd34"]
+    assert short_task_ids(["a-rather-long-task-id-with-no-repo-part", "x__y-z"]) == \
+        ["a-rather-long-task-id-with-no-repo-part", "x__y-z"]
+    clash = ["toolz__1.0.0-function-stub-ab12cd34", "toolz__1.0.1-function-stub-ab12cd34"]
+    assert short_task_ids(clash) == clash

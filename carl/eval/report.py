@@ -173,14 +173,34 @@ def render_table(report: BenchReport):
     if errors:  # unscored samples: say why under the table, the most common reasons first
         shown = "; ".join(f"{n}x {e}" for e, n in list(errors.items())[:3])
         table.caption = f"{sum(errors.values())} samples failed in the infrastructure and are not scored: {shown}"
-    cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "calls", "done", "wall s", "infra")
+    infra = bool(errors)  # the column of unscored samples, when there are any (the caption says why)
+    cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "calls", "done", "wall s") + ("infra",) * infra
     add_columns(table, cols, "task")
-    table.caption = "\n".join(filter(None, [table.caption, "calls: tool calls per sample; done: fraction that called finish"]))
-    for t in report.tasks:
-        table.add_row(t.task_id, str(t.n), str(t.passed), f"{t.pass_at_1:.2f}", f"{t.pass_at_k:.2f}",
+    labels = short_task_ids([t.task_id for t in report.tasks])
+    legend = "calls: tool calls per sample; done: fraction that called finish"
+    if any(label != t.task_id for label, t in zip(labels, report.tasks)):
+        legend += "\ntask: <repo>:<the last part of its id>"
+    table.caption = "\n".join(filter(None, [table.caption, legend]))
+    for label, t in zip(labels, report.tasks):
+        table.add_row(label, str(t.n), str(t.passed), f"{t.pass_at_1:.2f}", f"{t.pass_at_k:.2f}",
                       f"{t.mean_tokens:.0f}", f"{t.mean_tool_calls:.1f}", f"{t.finish_rate:.2f}", f"{t.mean_wall_s:.1f}",
-                      str(t.infra_failures))
+                      *(str(t.infra_failures),) * infra)
     return table
+
+
+def short_task_ids(task_ids: list[str], width: int = 24) -> list[str]:
+    """Labels for task ids that fit a table's first column: `repo__rev-kind-mode-hash` (the task
+    pipeline's ids) -> `repo:hash`, which tells the tasks apart and finds them in a report by grep.
+    The ids as they are when all fit in `width`, or when any has another form or two labels clash."""
+    if all(len(t) <= width for t in task_ids):
+        return list(task_ids)
+    labels = []
+    for task_id in task_ids:
+        repo, sep, rest = task_id.partition("__")
+        if not (sep and repo and "-" in rest):
+            return list(task_ids)
+        labels.append(f"{repo}:{rest.rsplit('-', 1)[1]}")
+    return labels if len(set(labels)) == len(labels) else list(task_ids)
 
 
 def add_columns(table, cols, text_col: str) -> None:
