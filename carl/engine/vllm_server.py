@@ -165,6 +165,8 @@ class VLLMServer:
         with self._lock:
             if self.alive():
                 return  # another thread restarted it
+            if _STOPPING.is_set():  # carl is exiting (SIGTERM): the episodes in flight end, none waits on a start
+                raise EngineError(f"the vLLM server was stopped because carl is exiting ({why}); not restarted")
             if self.restarts >= self.max_restarts:
                 raise EngineError(f"the vLLM server died ({why}) and was restarted {self.restarts} times "
                                   f"already (engine.max_restarts); last lines of {self.log_path}:\n{self.tail()}")
@@ -269,7 +271,14 @@ def _reap_group(pgid: int) -> None:
 _LIVE: set[VLLMServer] = set()
 
 
+_STOPPING = threading.Event()
+"""Set when carl stops its servers for good (SIGTERM, interpreter exit): from then on a server that
+an episode thread finds dead is not restarted. Before this, every episode in flight at a SIGTERM
+restarted the server it had just lost, and the run took a server start (30 s and more) to exit."""
+
+
 def _stop_all() -> None:
+    _STOPPING.set()
     for server in list(_LIVE):
         server.stop(grace_s=5.0)
 
