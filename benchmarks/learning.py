@@ -292,7 +292,7 @@ def continue_rl(run_dir: Path, steps: int) -> int | None:
 def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:
     """RL tasks from `rl_repos` repos of `first`'s micro world (its resolved [micro] settings, its
     micro.templates included)."""
-    from carl.micro.world import build_micro_tasks, keep_templates
+    from carl.micro.world import build_micro_tasks, keep_templates, templates_file
 
     config = tomllib.loads((first / "config.toml").read_text())
     m, backend = config["micro"], config.get("sandbox", {}).get("backend", "bwrap")
@@ -301,7 +301,7 @@ def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:
                               progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
     if m.get("templates"):
         keep_templates(world, m["templates"], run_dir / "micro", splits=("rl",))
-        return str(run_dir / "micro" / "rl.templates.jsonl")
+        return str(templates_file(run_dir / "micro", "rl"))
     return str(run_dir / "micro" / "rl.jsonl")
 
 

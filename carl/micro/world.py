@@ -104,6 +104,11 @@ def template(task: TaskRecord) -> str:
     return re.split(r"[.:]", task.deleted_symbols[0])[-1].rsplit("_", 1)[0]
 
 
+def templates_file(out_dir: str | Path, split: str) -> Path:
+    """Where `keep_templates` writes a split's cut: <out_dir>/<split>.templates.jsonl."""
+    return Path(out_dir) / f"{split}.templates.jsonl"
+
+
 def keep_templates(world: Mapping[str, list[TaskRecord]], templates: Sequence[str], out_dir: str | Path,
                    splits: Sequence[str] = ("rl", "eval")) -> dict[str, list[TaskRecord]]:
     """`world` with its `splits` cut to the tasks of `templates`; each cut split is also written to
@@ -117,5 +122,5 @@ def keep_templates(world: Mapping[str, list[TaskRecord]], templates: Sequence[st
             raise ValueError(f"micro.templates: {missing} match no {split} task of this world; its {split} tasks' "
                              f"templates are {have} (more micro.{split}_repos may bring more templates)")
         out[split] = [t for t in world[split] if template(t) in templates]
-        write_tasks(Path(out_dir) / f"{split}.templates.jsonl", out[split])
+        write_tasks(templates_file(out_dir, split), out[split])
     return out

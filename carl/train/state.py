@@ -151,7 +151,9 @@ def branch_task_files(source: Path) -> dict[str, str]:
     micro = source / "micro"
     files = {"tasks": micro / "warm_start.jsonl", "rl_tasks": micro / "rl.jsonl", "eval_tasks": micro / "eval.jsonl"}
     if cfg.micro.templates:  # the tasks of micro.templates, as the source trained and evaluated on them
-        files |= {"rl_tasks": micro / "rl.templates.jsonl", "eval_tasks": micro / "eval.templates.jsonl"}
+        from carl.micro.world import templates_file
+
+        files |= {"rl_tasks": templates_file(micro, "rl"), "eval_tasks": templates_file(micro, "eval")}
     missing = [str(p) for p in files.values() if not p.exists()]
     if missing:
         raise UserError(f"--branch-from: {source}'s micro world is incomplete (missing {missing})")
