@@ -368,17 +368,15 @@ def sign_test(better: int, worse: int) -> float:
 def over_seeds(rows: list[dict]) -> dict:
     """One arm over its seeds: mean, sample sd and 95% t-interval of warm start, after RL and RL - warm
     start (`carl.eval.seeds`); how many seeds improved, and by more than 2 paired standard errors: over
-    tasks (`beyond_2se_tasks`, of the `with_se_tasks` seeds that have it) and the samples' luck alone."""
+    tasks (`beyond_2se_tasks`) and by the samples' luck alone (`beyond_2se`), of the `with_se` seeds."""
     diff = [r["rl"] - r["warm"] for r in rows]
     with_se = [r for r in rows if "paired_se" in r]
-    with_se_tasks = [r for r in rows if "paired_se_tasks" in r]  # runs of learning.json files before 2026-12-05 lack it
     return {"seeds": [r["seed"] for r in rows],
             **{key: seed_spread(xs).to_dict() for key, xs in
                (("warm", [r["warm"] for r in rows]), ("rl", [r["rl"] for r in rows]), ("rl_minus_warm", diff))},
             "improved": sum(d > 0 for d in diff),
             "beyond_2se": sum(r["paired_diff"] > 2 * r["paired_se"] for r in with_se), "with_se": len(with_se),
-            "beyond_2se_tasks": sum(r["paired_diff"] > 2 * r["paired_se_tasks"] for r in with_se_tasks),
-            "with_se_tasks": len(with_se_tasks),
+            "beyond_2se_tasks": sum(r["paired_diff"] > 2 * r["paired_se_tasks"] for r in with_se),
             "tokens": statistics.mean(r["tokens"] for r in rows),
             "tool_errors": statistics.mean(r["tool_errors"] for r in rows),
             "rl_batches": statistics.mean(r["rl_batches"] for r in rows),
@@ -402,7 +400,9 @@ def print_summary(results: dict[str, list[dict]]) -> None:
         print(f"  after RL     {seed_spread([r['rl'] for r in rows]).format()}")
         print(f"  RL - warm    {gain.format(signed=True)}: {gain.in_words()}")
         print(f"  seeds improved {o['improved']}/{n}"
-              + (f", by more than 2 paired standard errors {_beyond(o, n)}"
+              + (f", by more than 2 paired standard errors {o['beyond_2se_tasks']}/{o['with_se']} over tasks "
+                 f"({o['beyond_2se']}/{o['with_se']} by the samples' luck alone)"
+                 + ("" if o["with_se"] == n else " (the seeds whose eval reports kept per-sample outcomes)")
                  if o["with_se"] else " (no per-sample outcomes in the eval reports: no paired standard errors)")
               + f"; RL rollouts: {o['tokens']:.0f} tokens/episode, tool-call error rate {o['tool_errors']:.2f}, "
                 f"{o['rl_batches']:.1f} batches"
@@ -410,23 +410,9 @@ def print_summary(results: dict[str, list[dict]]) -> None:
                         if o[key] is not None))
 
 
-def _beyond(o: dict, n: int) -> str:
-    """Seeds beyond 2 paired standard errors, by each standard error, e.g. "4/5 over tasks (3/5 by the
-    samples' luck alone)"."""
-    some = "" if o["with_se"] == n else " (the seeds whose eval reports kept per-sample outcomes)"
-    luck = f"{o['beyond_2se']}/{o['with_se']}"
-    if not o["with_se_tasks"]:
-        return luck + " by the samples' luck alone" + some
-    return f"{o['beyond_2se_tasks']}/{o['with_se_tasks']} over tasks ({luck} by the samples' luck alone){some}"
-
-
 def print_row(arm: str, r: dict) -> None:
-    paired = ""
-    if "paired_se_tasks" in r:
-        paired = (f" ({r['paired_diff']:+.3f} ± {r['paired_se_tasks']:.3f} paired s.e. over tasks, "
-                  f"± {r['paired_se']:.3f} the samples' luck alone)")
-    elif "paired_se" in r:
-        paired = f" ({r['paired_diff']:+.3f} ± {r['paired_se']:.3f} paired s.e., the samples' luck alone)"
+    paired = (f" ({r['paired_diff']:+.3f} ± {r['paired_se_tasks']:.3f} paired s.e. over tasks, "
+              f"± {r['paired_se']:.3f} the samples' luck alone)" if "paired_se" in r else "")
     tasks = (f"; held-out tasks better/worse {r['tasks_better']}/{r['tasks_worse']} "
              f"(sign test p = {sign_test(r['tasks_better'], r['tasks_worse']):.2g})" if "tasks_better" in r else "")
     print(f"seed {r['seed']} {arm}: held-out pass@1 warm start {r['warm']:.3f} -> after RL {r['rl']:.3f}{paired}"
@@ -451,7 +437,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
                     label=arm if r is rows[0] else None)
         xs = [seeds.index(r["seed"]) + (i - (len(results) - 1) / 2) * width for r in rows]
         bx.bar(xs, [r["rl"] - r["warm"] for r in rows], width, color=f"C{i}", label=arm,  # ± 2 paired s.e.
-               yerr=[2 * r.get("paired_se_tasks", r.get("paired_se", math.nan)) for r in rows], capsize=3)
+               yerr=[2 * r.get("paired_se_tasks", math.nan) for r in rows], capsize=3)
     ax.set_xticks([0, 1], ["warm start", "after RL"])
     ax.set_ylabel("held-out pass@1")
     ax.set_title("one line per seed")

@@ -173,8 +173,9 @@ def render_table(report: BenchReport):
     if errors:  # unscored samples: say why under the table, the most common reasons first
         shown = "; ".join(f"{n}x {e}" for e, n in list(errors.items())[:3])
         table.caption = f"{sum(errors.values())} samples failed in the infrastructure and are not scored: {shown}"
-    infra = bool(errors)  # the column of unscored samples, when there are any (the caption says why)
-    cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "calls", "done", "wall s") + ("infra",) * infra
+    cols = ("task", "n", "passed", "pass@1", f"pass@{report.k}", "tokens", "calls", "done", "wall s")
+    if errors:  # the column of unscored samples, when there are any (the caption says why)
+        cols += ("infra",)
     add_columns(table, cols, "task")
     labels = short_task_ids([t.task_id for t in report.tasks])
     legend = "calls: tool calls per sample; done: fraction that called finish"
@@ -182,9 +183,9 @@ def render_table(report: BenchReport):
         legend += "\ntask: <repo>:<the last part of its id>"
     table.caption = "\n".join(filter(None, [table.caption, legend]))
     for label, t in zip(labels, report.tasks):
-        table.add_row(label, str(t.n), str(t.passed), f"{t.pass_at_1:.2f}", f"{t.pass_at_k:.2f}",
-                      f"{t.mean_tokens:.0f}", f"{t.mean_tool_calls:.1f}", f"{t.finish_rate:.2f}", f"{t.mean_wall_s:.1f}",
-                      *(str(t.infra_failures),) * infra)
+        row = [label, str(t.n), str(t.passed), f"{t.pass_at_1:.2f}", f"{t.pass_at_k:.2f}", f"{t.mean_tokens:.0f}",
+               f"{t.mean_tool_calls:.1f}", f"{t.finish_rate:.2f}", f"{t.mean_wall_s:.1f}", str(t.infra_failures)]
+        table.add_row(*row[:len(cols)])
     return table
 
 
