@@ -4,7 +4,7 @@ import threading
 from rich.console import Console
 
 from carl.eval.paired import in_words, over_tasks, paired_difference
-from carl.train.loop import rl_gain_lines
+from carl.train.loop import rl_gain_lines, step_line
 from carl.train.progress import RunProgress
 
 
@@ -85,3 +85,13 @@ def test_in_words():
     assert in_words(0.2, 0.05, "RL", "warm") == "RL beat warm beyond noise (4.0 standard errors)"
     assert in_words(-0.2, 0.05, "RL", "warm") == "RL scored below warm beyond noise (4.0 standard errors)"
     assert in_words(0.05, 0.05, "RL", "warm") == "within noise: RL - warm is 1.0 standard errors from 0 (needs 2)"
+
+
+def test_an_rl_step_line_fits_an_80_column_log_unwrapped():
+    metrics = {"rl/reward_mean": -0.25, "rl/pass_rate": 1.0, "rl/tool_error_rate": 0.48, "loss/total": -0.0421,
+               "time/step_s": 1234.4, "time/rollout_wait_s": 987.0}
+    line = step_line("RL step 12/12", metrics)
+    assert line == "RL step 12/12: reward -0.25 pass 1.00 errors 0.48 loss -0.0421 1234s, 987s idle"
+    out = io.StringIO()
+    Console(file=out, width=80).print(line, highlight=False)
+    assert out.getvalue() == line + "\n"

@@ -232,9 +232,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             log.transcript(step + 1, best.task.instance_id, transcript_text(best.trajectory))
             log.plot()
             progress.describe(step_label(cfg, state, min(step + 2, cfg.rl.steps)))
-            console.print(f"{label}: reward {metrics['rl/reward_mean']:.2f} "
-                          f"pass {metrics['rl/pass_rate']:.2f} tool-errors {metrics['rl/tool_error_rate']:.2f} "
-                          f"loss {metrics['loss/total']:+.4f} ({step_s:.0f}s, waited {taken.wait_s:.0f}s for rollouts)")
+            console.print(step_line(label, metrics), highlight=False)
             if spent and step + 1 < cfg.rl.steps:
                 state.rl_out_of_time = True  # a resume goes straight to the final eval
                 console.print(f"RL stopped after step {step + 1} of {cfg.rl.steps}: {spent}")
@@ -252,6 +250,15 @@ def budget_spent(cfg: TrainConfig, state: RunState, rl_s: float) -> str:
     if cfg.rl.max_rollouts and state.rl_rollouts >= cfg.rl.max_rollouts:
         return f"rl.max_rollouts={cfg.rl.max_rollouts} reached ({state.rl_rollouts} rollouts)"
     return ""
+
+
+def step_line(label: str, metrics: dict[str, float]) -> str:
+    """One RL step on one line that fits an 80-column terminal or log (rich wraps longer ones):
+    "RL step 5/12: reward 0.12 pass 0.25 errors 0.31 loss +0.0042 126s, 13s idle", where errors is
+    the tool-call error rate and idle the time the trainer waited for rollouts."""
+    return (f"{label}: reward {metrics['rl/reward_mean']:.2f} pass {metrics['rl/pass_rate']:.2f} "
+            f"errors {metrics['rl/tool_error_rate']:.2f} loss {metrics['loss/total']:+.4f} "
+            f"{metrics['time/step_s']:.0f}s, {metrics['time/rollout_wait_s']:.0f}s idle")
 
 
 def step_label(cfg: TrainConfig, state: RunState, step: int) -> str:
