@@ -90,7 +90,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+    # Dequantised in float32 (transformers >= 5.25 warns when asked for another dtype) and rounded to
+    # bf16 once, by load_state_dict below: the same bf16 weights as dequantising straight to bf16.
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     # transformers marks GGUF-loaded models as quantized and refuses to save them, although the
     # weights are already dequantised tensors: copy them into a plain model of the same config.
     config = gguf_model.config
