@@ -11,6 +11,7 @@ import pytest
 from bench_fixture import build_suite, write_suite_files
 
 from carl.cli import main
+from carl.errors import UserError
 from carl.eval.strata import StrataConfig, bucket_names, task_strata
 from carl.eval.suite import SelectConfig, SuiteConfig, open_suite, select_tasks, smoke_tasks
 from carl.tasks import TaskRecord, load_tasks
@@ -90,6 +91,39 @@ def test_a_rebuild_checks_the_lock_and_names_what_is_missing_or_new(built, tmp_p
     assert check["missing"][-1] == "mini__gone-function-stub-00000000"
     assert main(["bench", "build", str(tampered), "--out", str(out), "--update-lock"]) == 0
     assert (root / "tampered.lock.json").read_text() == (root / "tiny.lock.json").read_text()
+
+
+def test_a_smoke_only_build_validates_the_locked_smoke_subset_alone(built, tmp_path, capsys):
+    """--smoke-only rebuilds just the lock's smoke tasks, the same tasks as the whole build's
+    smoke.jsonl, validating only them; the directory then serves --smoke alone and refuses to
+    become a whole build (its pool marks every source finished)."""
+    root, definition = built
+    out = tmp_path / "s"
+    assert build_suite(root, out, "--smoke-only")[0] == 0
+    lock = json.loads((root / "tiny.lock.json").read_text())
+    assert [t.instance_id for t in load_tasks(out / "smoke.jsonl")] == lock["smoke"]
+    def made(path):  # what makes a task, not when it was made
+        return [(t.instance_id, t.patch, t.FAIL_TO_PASS, t.PASS_TO_PASS) for t in load_tasks(path)]
+
+    assert made(out / "smoke.jsonl") == made(root / "a" / "smoke.jsonl")
+    assert not (out / "tasks.jsonl").exists()
+    build = json.loads((out / "build.json").read_text())
+    assert build["smoke_only"] and build["packages"][0]["tried"] == len(lock["smoke"]) == 2
+    assert len(load_tasks(out / "pool.jsonl")) == 2 and build["lock_check"]["missing"] == []
+    assert "the smoke subset alone, 2 tasks" in capsys.readouterr().out
+    assert [t.instance_id for t in open_suite(out, smoke=True).tasks] == lock["smoke"]
+    with pytest.raises(UserError, match="holds only its smoke subset"):
+        open_suite(out)
+    assert build_suite(root, out)[0] == 2  # a whole build into it
+    assert "holds a smoke-only build" in capsys.readouterr().err
+    assert build_suite(root, root / "a", "--smoke-only")[0] == 2  # a whole build's directory
+    assert "holds a whole build" in capsys.readouterr().err
+    assert build_suite(root, tmp_path / "n", "--smoke-only", "--update-lock")[0] == 2
+    assert "drop one of the two" in capsys.readouterr().err
+    nolock = root / "nolock.toml"
+    shutil.copy(definition, nolock)
+    assert main(["bench", "build", str(nolock), "--out", str(tmp_path / "m"), "--smoke-only"]) == 2
+    assert "no lock at" in capsys.readouterr().err and not (tmp_path / "m").exists()
 
 
 def test_a_suite_directory_moves(built, tmp_path):

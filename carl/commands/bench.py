@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--backend", choices=list(HOST_BACKENDS), help="sandbox backend (default: the suite's)")
     b.add_argument("--update-lock", action="store_true",
                    help="take this build as the suite: rewrite the lock beside the definition")
+    b.add_argument("--smoke-only", action="store_true",
+                   help="build just the lock's smoke subset (validates those tasks alone: minutes instead of hours "
+                        "for `carl bench run --smoke`); needs the lock a whole build wrote")
     b.add_argument("--catalog", help="with SOURCEs: a catalog (JSONL) of their test commands and deps")
     b.add_argument("--max-per-package", type=int, default=30, help="with SOURCEs: tasks per package (default 30)")
     b.set_defaults(func=build)

@@ -36,6 +36,7 @@ def build(args: argparse.Namespace) -> int:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"lock {str(lock_file)!r} is not JSON ({e}); restore it, or rebuild with "
                             "--update-lock") from None
+    only = _smoke_only_ids(args, out, lock_file, reference)
     t0 = time.monotonic()
     console = Console()
     specs = config.specs()
@@ -60,19 +61,22 @@ def build(args: argparse.Namespace) -> int:
             print(f"{r.spec}: {r.status}" + (f" {r.n_tasks} tasks in {r.wall_s:.0f} s" if r.status != "skipped"
                                               else " (built before, in its pool)") + note, flush=True)
 
-        build_pool(config, out, build_cfg, start, task_done, done)
-    result = finish_suite(config, out, reference)
-    write_suite(config, out, result)
+        build_pool(config, out, build_cfg, start, task_done, done, only)
+    result = finish_suite(config, out, reference, smoke_only=only is not None)
+    write_suite(config, out, result, smoke_only=only is not None)
     if reference is None:
         atomic_write_json(lock_file, result.lock)
     repos = {d["spec"]: d for d in read_jsonl(out / "pool.store" / "repos.jsonl")} \
         if (out / "pool.store" / "repos.jsonl").is_file() else {}
     report = _build_report(config, specs, repos, result, lock_file, reference is None, time.monotonic() - t0)
+    report["smoke_only"] = only is not None
     atomic_write_json(out / "build.json", report)
     console.print(_build_table(report))
     print("\n".join(_strata_lines(report, config)))
     check = result.check
-    print(f"suite {config.name}: {len(result.tasks)} tasks ({len(result.smoke)} in the smoke subset) in {out}; "
+    what = (f"the smoke subset alone, {len(result.smoke)} tasks" if only is not None
+            else f"{len(result.tasks)} tasks ({len(result.smoke)} in the smoke subset)")
+    print(f"suite {config.name}: {what} in {out}; "
           + (f"lock written to {lock_file}" if reference is None else f"checked against {lock_file}"))
     failed = [p for p in report["packages"] if p["status"] == "failed"]
     for p in failed:
@@ -86,7 +90,8 @@ def build(args: argparse.Namespace) -> int:
         print(f"setting changed since the lock: {line}", file=sys.stderr)
     if check.missing:
         changed = set(check.changed)
-        print(f"{len(check.missing)} of the lock's {len(reference['tasks'])} tasks did not come out of this build "
+        locked = f"{len(reference['smoke'])} smoke" if only is not None else f"{len(reference['tasks'])}"
+        print(f"{len(check.missing)} of the lock's {locked} tasks did not come out of this build "
               f"and are not in the suite: {_ids([i for i in check.missing if i not in changed])}"
               + (f"; built differently (gold patch or tests): {_ids(check.changed)}" if check.changed else ""),
               file=sys.stderr)
@@ -95,6 +100,37 @@ def build(args: argparse.Namespace) -> int:
     print(f"the suite in {out} is not the locked one; see why in {out / 'pool.store'} (repos.jsonl, drops.jsonl), "
           "or take this build as the suite with --update-lock", file=sys.stderr)
     return 1
+
+
+def _smoke_only_ids(args, out, lock_file, reference) -> frozenset[str] | None:
+    """The task ids `--smoke-only` builds (the lock's smoke subset), None without it. The subset is
+    the smallest tasks of the whole selected suite, so only a lock names it; a directory holds a
+    smoke-only build or a whole one, never a mix (the pool records which sources are finished)."""
+    from carl.errors import UserError
+    from carl.eval.suite import SMOKE_ONLY_MARK
+    from carl.io import atomic_write_text
+
+    mark, built = out / SMOKE_ONLY_MARK, (out / "pool.store" / "repos.jsonl").is_file()
+    if not args.smoke_only:
+        if mark.is_file():
+            raise UserError(f"--out: {str(out)!r} holds a smoke-only build (carl bench build --smoke-only); "
+                            "build the whole suite into another directory")
+        return None
+    if args.update_lock:
+        raise UserError("--smoke-only with --update-lock: a lock is written by a whole build, which picks the "
+                        "smoke subset; drop one of the two")
+    if reference is None:
+        raise UserError(f"--smoke-only: no lock at {str(lock_file)!r}; the smoke subset is the smallest tasks of the "
+                        "selected suite, which only a whole build (it writes the lock) or its lock names")
+    if built and not mark.is_file():
+        raise UserError(f"--smoke-only: {str(out)!r} holds a whole build, whose smoke subset is its smoke.jsonl; "
+                        "rerun without --smoke-only to finish it, or pick another --out")
+    ids = frozenset(reference.get("smoke", []))
+    if not ids:
+        raise UserError(f"--smoke-only: the lock {str(lock_file)!r} lists no smoke subset (smoke.per_package is 0?)")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(mark, "".join(f"{i}\n" for i in sorted(ids)))
+    return ids
 
 
 def _ids(ids: list[str], shown: int = 8) -> str:
@@ -164,7 +200,9 @@ def _build_table(report: dict):
 
     from carl.eval.report import add_columns
 
-    table = Table(title=f"suite {report['suite']}: {report['tasks']} tasks, {report['smoke']} smoke")
+    title = (f"suite {report['suite']}: its smoke subset alone, {report['smoke']} tasks" if report.get("smoke_only")
+             else f"suite {report['suite']}: {report['tasks']} tasks, {report['smoke']} smoke")
+    table = Table(title=title)
     add_columns(table, ("package", "status", "built", "kept", "smoke", "wall s"), "package")
     for p in report["packages"]:
         table.add_row(p["name"] + (f"=={p['version']}" if p["version"] else ""), p["status"], str(p["built"]),

@@ -200,6 +200,11 @@ def smoke_tasks(tasks: list[TaskRecord], config: SuiteConfig) -> list[TaskRecord
 # ------------------------------------------------------------------------------ a built suite
 
 
+SMOKE_ONLY_MARK = "smoke-only"
+"""A file in a suite directory built with `carl bench build --smoke-only`: its pool and files hold the
+lock's smoke subset alone."""
+
+
 @dataclass(frozen=True)
 class Suite:
     """A built suite directory, as `carl bench run` / `grade` use it."""
@@ -227,6 +232,9 @@ def open_suite(directory: str | Path, smoke: bool = False) -> Suite:
                         "build one with `carl bench build SUITE.toml --out DIR`")
     config = load_suite_config(d / "suite.toml")
     tasks_file = d / ("smoke.jsonl" if smoke else "tasks.jsonl")
+    if not smoke and (d / SMOKE_ONLY_MARK).is_file():
+        raise UserError(f"--suite: {str(d)!r} holds only its smoke subset (built with `carl bench build "
+                        "--smoke-only`): pass --smoke, or build the whole suite into another directory")
     tasks = load_tasks(tasks_file, require_repos=True) if tasks_file.is_file() else []
     if not tasks:
         what = "smoke subset (smoke.per_package is 0?)" if smoke else "tasks"

@@ -43,9 +43,11 @@ def lock_path(suite_file: str | Path) -> Path:
 
 
 def build_pool(config: SuiteConfig, out: Path, build_cfg, on_start: Callable[[str], Any],
-               on_task: Callable[[Any], None], on_done: Callable[[Any], None]) -> None:
+               on_task: Callable[[Any], None], on_done: Callable[[Any], None],
+               only: frozenset[str] | None = None) -> None:
     """Run the task pipeline on every source of the suite not finished in `out`/pool.jsonl
-    (`carl.tasks.build.finished_specs`: a rerun continues where a killed build stopped)."""
+    (`carl.tasks.build.finished_specs`: a rerun continues where a killed build stopped).
+    `only`: validate just these task ids (`--smoke-only`: the lock's smoke subset)."""
     from carl.tasks.build import RepoResult, build_repo, finished_specs, record_finished
 
     pool = out / "pool.jsonl"
@@ -56,7 +58,7 @@ def build_pool(config: SuiteConfig, out: Path, build_cfg, on_start: Callable[[st
             continue
         on_start(spec)
         mine = dataclasses.replace(build_cfg, max_per_repo=config.build_for(package_key(spec)[0]).max_per_repo)
-        result = build_repo(spec, pool, mine, on_task=on_task)
+        result = build_repo(spec, pool, mine, on_task=on_task, only=only)
         record_finished(pool, result)
         on_done(result)
 
@@ -91,9 +93,11 @@ class SuiteBuild:
     """source key (repo, version) -> tasks of that package in the suite."""
 
 
-def finish_suite(config: SuiteConfig, out: Path, reference: dict[str, Any] | None) -> SuiteBuild:
+def finish_suite(config: SuiteConfig, out: Path, reference: dict[str, Any] | None,
+                 smoke_only: bool = False) -> SuiteBuild:
     """Select the suite from `out`/pool.jsonl and check it against the `reference` lock (None: no
-    lock, the selection is the suite). Writes nothing."""
+    lock, the selection is the suite). `smoke_only` (a reference is needed): the suite is the lock's
+    smoke subset alone, checked task by task as the whole one is. Writes nothing."""
     from carl.tasks import load_tasks
 
     pool = load_tasks(out / "pool.jsonl") if (out / "pool.jsonl").is_file() else []
@@ -109,7 +113,10 @@ def finish_suite(config: SuiteConfig, out: Path, reference: dict[str, Any] | Non
     built = {t.instance_id: t for t in pool}
     check = LockCheck(settings=_settings_diff(reference.get("settings", {}), fresh["settings"]))
     tasks = []
+    smoke_ids = set(reference.get("smoke", []))
     for entry in reference.get("tasks", []):
+        if smoke_only and entry["instance_id"] not in smoke_ids:
+            continue
         iid = entry["instance_id"]
         if iid not in built:
             check.missing.append(iid)
@@ -121,7 +128,8 @@ def finish_suite(config: SuiteConfig, out: Path, reference: dict[str, Any] | Non
         else:
             tasks.append(built[iid])
     locked = {e["instance_id"] for e in reference.get("tasks", [])}
-    check.new = sorted(t.instance_id for t in chosen if t.instance_id not in locked)
+    # a smoke-only pool holds just the smoke ids: the selection rule cannot be rerun on it
+    check.new = [] if smoke_only else sorted(t.instance_id for t in chosen if t.instance_id not in locked)
     in_suite = {t.instance_id for t in tasks}
     smoke = [built[i] for i in reference.get("smoke", []) if i in in_suite]
     return SuiteBuild(tasks, smoke, reference, check, _kept(tasks))
@@ -225,7 +233,7 @@ def _settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
     return out
 
 
-def write_suite(config: SuiteConfig, out: Path, result: SuiteBuild) -> None:
+def write_suite(config: SuiteConfig, out: Path, result: SuiteBuild, smoke_only: bool = False) -> None:
     """The suite directory's files (all but build.json): tasks, smoke subset, lock, resolved
     definition and its catalog. Task lines are the pool's own (paths relative to `out`)."""
     from carl.config import to_toml
@@ -236,7 +244,8 @@ def write_suite(config: SuiteConfig, out: Path, result: SuiteBuild) -> None:
     def jsonl(tasks: list[TaskRecord]) -> str:
         return "".join(json.dumps(lines[t.instance_id], sort_keys=True) + "\n" for t in tasks)
 
-    atomic_write_text(out / "tasks.jsonl", jsonl(result.tasks))
+    if not smoke_only:  # a smoke-only build has no tasks.jsonl: open_suite says what to do
+        atomic_write_text(out / "tasks.jsonl", jsonl(result.tasks))
     atomic_write_text(out / "smoke.jsonl", jsonl(result.smoke))
     atomic_write_json(out / "suite.lock.json", result.lock)
     build = config.build

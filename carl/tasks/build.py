@@ -203,14 +203,17 @@ def build_repo(
     cfg: BuildConfig,
     open_sandbox: SandboxFactory = default_open_sandbox,
     on_task: Callable[[RepoResult], None] | None = None,
+    only: frozenset[str] | None = None,
 ) -> RepoResult:
-    """Build tasks from one source into `out` (append-only); never raises for a bad repo."""
+    """Build tasks from one source into `out` (append-only); never raises for a bad repo.
+    `only`: validate just the candidates with these instance ids (a suite's smoke subset from its
+    lock), skipping the others unvalidated and uncounted."""
     result = RepoResult(spec)
     t0 = time.perf_counter()
     store = store_dir(out)
     tmp = store / "tmp" / uuid.uuid4().hex[:12]
     try:
-        _build(spec, out, cfg, open_sandbox, result, store, tmp, on_task)
+        _build(spec, out, cfg, open_sandbox, result, store, tmp, on_task, only)
     except UserError:
         raise  # a malformed SOURCE is the user's mistake: say so, do not record it
     except Exception as e:  # noqa: BLE001 -- a bad repository becomes data, the batch goes on
@@ -231,6 +234,7 @@ def _build(
     store: Path,
     tmp: Path,
     on_task,
+    only: frozenset[str] | None = None,
 ) -> None:
     source, original, source_hash, layout = _fetch_original(spec, store, tmp)
     result.name = source.name
@@ -329,7 +333,7 @@ def _build(
                 wsb = stack.enter_context(closing(open_sandbox(original, sandbox_cfg)))
                 workers.append(dataclasses.replace(ctx, sandbox=wsb, scratch=scratch, stats={}))
             t_validate = time.perf_counter()
-            failing = _make_tasks(workers, candidates, out, cfg, result, store, on_task)
+            failing = _make_tasks(workers, candidates, out, cfg, result, store, on_task, only)
             result.validate_s = time.perf_counter() - t_validate
     result.n_failing_tests = len(failing)
     result.warning = few_tests_warning(result.n_tasks, result.n_failing_tests)
@@ -369,7 +373,8 @@ def _environment(original: Path, layout, name: str, entry: CatalogEntry, cfg: Bu
 
 
 def _make_tasks(
-    workers: list[RepoContext], candidates, out: Path, cfg: BuildConfig, result: RepoResult, store: Path, on_task
+    workers: list[RepoContext], candidates, out: Path, cfg: BuildConfig, result: RepoResult, store: Path, on_task,
+    only: frozenset[str] | None = None,
 ) -> set[str]:
     """Validate candidates in plan order on the worker contexts (one candidate per worker at a time);
     the FAIL_TO_PASS test ids of the repo's tasks (those of an earlier run included).
@@ -390,6 +395,8 @@ def _make_tasks(
             if result.n_tasks + len(running) >= cfg.max_per_repo or result.n_attempts >= max_attempts:
                 return False
             iid = instance_id(ctx, cand, mode)
+            if only is not None and iid not in only:
+                continue
             if iid in done:  # made by an interrupted earlier run
                 result.n_tasks += 1
                 failing.update(done[iid])
