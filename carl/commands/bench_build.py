@@ -63,18 +63,17 @@ def build(args: argparse.Namespace) -> int:
 
         build_pool(config, out, build_cfg, start, task_done, done, only)
     result = finish_suite(config, out, reference, smoke_only=only is not None)
-    write_suite(config, out, result, smoke_only=only is not None)
+    write_suite(config, out, result)
     if reference is None:
         atomic_write_json(lock_file, result.lock)
     repos = {d["spec"]: d for d in read_jsonl(out / "pool.store" / "repos.jsonl")} \
         if (out / "pool.store" / "repos.jsonl").is_file() else {}
     report = _build_report(config, specs, repos, result, lock_file, reference is None, time.monotonic() - t0)
-    report["smoke_only"] = only is not None
     atomic_write_json(out / "build.json", report)
     console.print(_build_table(report))
     print("\n".join(_strata_lines(report, config)))
     check = result.check
-    what = (f"the smoke subset alone, {len(result.smoke)} tasks" if only is not None
+    what = (f"the smoke subset alone, {len(result.smoke)} tasks" if result.smoke_only
             else f"{len(result.tasks)} tasks ({len(result.smoke)} in the smoke subset)")
     print(f"suite {config.name}: {what} in {out}; "
           + (f"lock written to {lock_file}" if reference is None else f"checked against {lock_file}"))
@@ -90,7 +89,7 @@ def build(args: argparse.Namespace) -> int:
         print(f"setting changed since the lock: {line}", file=sys.stderr)
     if check.missing:
         changed = set(check.changed)
-        locked = f"{len(reference['smoke'])} smoke" if only is not None else f"{len(reference['tasks'])}"
+        locked = f"{len(reference['smoke'])} smoke" if result.smoke_only else f"{len(reference['tasks'])}"
         print(f"{len(check.missing)} of the lock's {locked} tasks did not come out of this build "
               f"and are not in the suite: {_ids([i for i in check.missing if i not in changed])}"
               + (f"; built differently (gold patch or tests): {_ids(check.changed)}" if check.changed else ""),
@@ -188,6 +187,7 @@ def _build_report(config, specs, repos, result, lock_file, wrote_lock, wall_s) -
                          "suite_s": r.get("suite_s", 0.0), "tests": r.get("n_tests", 0),
                          "error": r.get("error", ""), "warning": r.get("warning", "")})
     return {"suite": config.name, "tasks": len(result.tasks), "smoke": len(result.smoke),
+            "smoke_only": result.smoke_only,
             "strata": make_lock(config, result.tasks, result.smoke)["counts"],
             "packages": packages, "wall_s": wall_s, "lock": str(lock_file), "lock_written": wrote_lock,
             "lock_check": dataclasses.asdict(result.check) if result.check else None,
@@ -200,7 +200,7 @@ def _build_table(report: dict):
 
     from carl.eval.report import add_columns
 
-    title = (f"suite {report['suite']}: its smoke subset alone, {report['smoke']} tasks" if report.get("smoke_only")
+    title = (f"suite {report['suite']}: its smoke subset alone, {report['smoke']} tasks" if report["smoke_only"]
              else f"suite {report['suite']}: {report['tasks']} tasks, {report['smoke']} smoke")
     table = Table(title=title)
     add_columns(table, ("package", "status", "built", "kept", "smoke", "wall s"), "package")

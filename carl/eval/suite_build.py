@@ -91,6 +91,8 @@ class SuiteBuild:
     """None when no lock was checked (the first build, or --update-lock)."""
     kept: dict[str, int]
     """source key (repo, version) -> tasks of that package in the suite."""
+    smoke_only: bool = False
+    """Built with --smoke-only: `tasks` is the smoke subset, and no tasks.jsonl is written."""
 
 
 def finish_suite(config: SuiteConfig, out: Path, reference: dict[str, Any] | None,
@@ -132,7 +134,7 @@ def finish_suite(config: SuiteConfig, out: Path, reference: dict[str, Any] | Non
     check.new = [] if smoke_only else sorted(t.instance_id for t in chosen if t.instance_id not in locked)
     in_suite = {t.instance_id for t in tasks}
     smoke = [built[i] for i in reference.get("smoke", []) if i in in_suite]
-    return SuiteBuild(tasks, smoke, reference, check, _kept(tasks))
+    return SuiteBuild(tasks, smoke, reference, check, _kept(tasks), smoke_only)
 
 
 def package_key(spec: str) -> tuple[str, str]:
@@ -233,7 +235,7 @@ def _settings_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
     return out
 
 
-def write_suite(config: SuiteConfig, out: Path, result: SuiteBuild, smoke_only: bool = False) -> None:
+def write_suite(config: SuiteConfig, out: Path, result: SuiteBuild) -> None:
     """The suite directory's files (all but build.json): tasks, smoke subset, lock, resolved
     definition and its catalog. Task lines are the pool's own (paths relative to `out`)."""
     from carl.config import to_toml
@@ -244,7 +246,7 @@ def write_suite(config: SuiteConfig, out: Path, result: SuiteBuild, smoke_only: 
     def jsonl(tasks: list[TaskRecord]) -> str:
         return "".join(json.dumps(lines[t.instance_id], sort_keys=True) + "\n" for t in tasks)
 
-    if not smoke_only:  # a smoke-only build has no tasks.jsonl: open_suite says what to do
+    if not result.smoke_only:  # a smoke-only build has no tasks.jsonl: open_suite says what to do
         atomic_write_text(out / "tasks.jsonl", jsonl(result.tasks))
     atomic_write_text(out / "smoke.jsonl", jsonl(result.smoke))
     atomic_write_json(out / "suite.lock.json", result.lock)
