@@ -595,3 +595,18 @@ def test_many_tasks_from_very_few_tests_is_warned():
     rows = {line.split("│")[1].strip(): line for line in buf.getvalue().splitlines() if line.count("│") > 2}
     assert "few tests: 30 tasks" in rows["tiny"] and "few tests" not in rows["big"]
     assert "README.md:3: 'xs = [v for v in vs]'" in rows["x"]  # brackets are text, not rich markup
+
+
+def test_a_second_run_that_does_not_finish_is_a_timeout_or_crash_not_nondeterminism():
+    from carl.tasks.suite import SuiteRun
+    from carl.tasks.validate import second_run_drop
+
+    targets, fail = ["t::a", "t::b", "t::c"], ["t::a"]
+    same = SuiteRun(True, {"t::a": "failed", "t::b": "passed", "t::c": "passed"})
+    assert second_run_drop(same, targets, fail) is None
+    timed_out = second_run_drop(SuiteRun(False, timed_out=True), targets, fail)
+    assert (timed_out.reason, timed_out.detail) == ("timeout", "the second run of the broken repo's tests")
+    assert second_run_drop(SuiteRun(False), targets, fail).reason == "crash"
+    flipped = second_run_drop(SuiteRun(True, {"t::a": "passed", "t::b": "failed", "t::c": "passed"}), targets, fail)
+    assert flipped.reason == "nondeterministic"
+    assert flipped.detail == "2 selected tests changed outcome between two runs: t::a, t::b"

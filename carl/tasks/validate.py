@@ -156,8 +156,9 @@ def _validate(
         if not fail:
             return Drop("no_failing_test")
         run2 = _run(ctx, sb, targets, imports)
-        if not run2.completed or sorted(t for t in targets if not run2.passed(t)) != fail:
-            return Drop("nondeterministic")
+        drop = second_run_drop(run2, targets, fail)
+        if drop is not None:
+            return drop
     finally:
         _write_files(sb, ctx.original, changed)  # back to the original: the gold patch applied
     if ctx.gold_run:
@@ -242,6 +243,19 @@ def _restore(scratch: Path, original: Path, files: list[str]) -> None:
             shutil.copy2(original / rel, scratch / rel)
         else:
             (scratch / rel).unlink(missing_ok=True)
+
+
+def second_run_drop(run2: SuiteRun, targets: list[str], fail: list[str]) -> Drop | None:
+    """Why a candidate whose first run of the broken repo failed `fail` is dropped after its second
+    run, or None. A second run that did not finish is a timeout or a crash, as a first one is (on a
+    loaded machine it is the usual case, and calling it nondeterminism sent people to the tests)."""
+    if not run2.completed:
+        return Drop("timeout" if run2.timed_out else "crash", "the second run of the broken repo's tests")
+    flipped = sorted(set(fail) ^ {t for t in targets if not run2.passed(t)})
+    if flipped:
+        return Drop("nondeterministic", f"{len(flipped)} selected tests changed outcome between two runs: "
+                    + ", ".join(flipped[:3]) + (" ..." if len(flipped) > 3 else ""))
+    return None
 
 
 def _run(ctx: RepoContext, sb: Sandbox, targets: list[str], imports: tuple[str, ...]) -> SuiteRun:
