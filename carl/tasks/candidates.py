@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from carl.tasks.definitions import Definition, parse_definitions
@@ -83,6 +84,18 @@ def find_candidates(
     for tests, ds in groups.items():
         if 2 <= len(ds) <= MAX_CLUSTER_SIZE:
             out.append(Candidate("cluster", tuple(ds), tests))
+    return distinct_names(out)
+
+
+def distinct_names(candidates: list[Candidate]) -> list[Candidate]:
+    """Candidates whose kind and name repeat an earlier one's (a property's getter and setter share
+    `Class.attr`) get occurrence 2, 3, ...: their own task ids, where two tasks with one id overwrote
+    each other's broken repo in the store. The first keeps the name, and so the id, it always had."""
+    seen: dict[tuple[str, str], int] = defaultdict(int)
+    out = []
+    for c in candidates:
+        seen[(c.kind, c.name)] += 1
+        out.append(c if seen[(c.kind, c.name)] == 1 else replace(c, occurrence=seen[(c.kind, c.name)]))
     return out
 
 

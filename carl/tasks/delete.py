@@ -41,12 +41,15 @@ class Candidate:
     """Node ids of the tests that execute it (the ones that can be affected)."""
     module_file: str = ""
     """For kind "module": the file."""
+    occurrence: int = 1
+    """The how-many-th candidate of this kind with these symbols, in source order (a property's
+    getter and setter, or a def in both branches of an if, share a symbol): later ones are named
+    "SYMBOL#2"... so that each makes its own task id (`carl.tasks.candidates.find_candidates`)."""
 
     @property
     def name(self) -> str:
-        if self.kind == "module":
-            return self.module_file
-        return "+".join(d.symbol for d in self.definitions)
+        base = self.module_file if self.kind == "module" else "+".join(d.symbol for d in self.definitions)
+        return base if self.occurrence == 1 else f"{base}#{self.occurrence}"
 
     @property
     def symbols(self) -> tuple[str, ...]:
