@@ -7,9 +7,10 @@ the later seeds from this folder (learning.py --keep). Run from the repository r
 Per seed and arm: held-out pass@1 after RL, RL - warm start with its standard error over tasks (and
 the samples' luck alone), context resets a task and finish rate after RL. Per seed, arm against arm
 after RL (same tasks, same random numbers). Over seeds: mean, sample sd and 95% t-interval
-(carl.eval.seeds). Seed 0's truncate arm shares the summaries arm's warm-start eval (a branch did
-not re-evaluate then), so its RL - warm start mixes RL with the change of context strategy; the
-after-RL comparisons are clean in every seed.
+(carl.eval.seeds), each over the seeds that finished that arm or pair. Seed 0's truncate arm
+shares the summaries arm's warm-start eval (a branch did not re-evaluate then), so its RL - warm
+start mixes RL with the change of context strategy; the after-RL comparisons are clean in every
+seed.
 """
 import json
 from pathlib import Path
@@ -35,19 +36,20 @@ def evals(seed: int, arm: str) -> tuple[dict, dict] | None:
     return json.loads(reports[0].read_text()), json.loads(reports[-1].read_text())
 
 
-def seeds() -> list[int]:
+def finished() -> dict[int, dict[str, tuple[dict, dict]]]:
+    """seed -> {arm: (warm-start eval, after-RL eval)} of every finished run (a seed may lack arms)."""
     later = sorted({int(p.name.split("_")[0][4:]) for p in HERE.glob("seed*_*") if p.is_dir()})
-    return [0] + [s for s in later if all(evals(s, arm) for arm in ARMS)]
+    runs = {seed: {arm: evals(seed, arm) for arm in ARMS} for seed in [0] + later}
+    return {seed: {arm: e for arm, e in arms.items() if e} for seed, arms in runs.items()}
 
 
 def main() -> None:
-    done = seeds()
+    runs = finished()
     print("| seed | arm | warm start | after RL | RL - warm ± s.e. over tasks (samples' luck) | resets / task | finish |")
     print("|---|---|---|---|---|---|---|")
     gains: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    for seed in done:
-        for arm in ARMS:
-            warm, rl = evals(seed, arm)
+    for seed, arms in runs.items():
+        for arm, (warm, rl) in arms.items():
             d = paired_difference(warm, rl)
             gains[arm].append(d.diff)
             s = rl["summary"]
@@ -56,20 +58,22 @@ def main() -> None:
                   f"{s.get('finish_rate', float('nan')):.2f} |")
     print("\nafter RL, arm against arm (same tasks and random numbers): difference ± s.e. over tasks (samples' luck)")
     between: dict[tuple[str, str], list[float]] = {pair: [] for pair in PAIRS}
-    for seed in done:
+    for seed, arms in runs.items():
         cells = []
         for a, b in PAIRS:
-            d = paired_difference(evals(seed, b)[1], evals(seed, a)[1])  # a - b
-            between[(a, b)].append(d.diff)
-            cells.append(f"{a} - {b} {d.diff:+.3f} ± {over_tasks(d).se_paired:.3f} ({d.se_paired:.3f})")
-        print(f"seed {seed}: " + "; ".join(cells))
-    if len(done) > 1:
-        print(f"\nover seeds {done} (mean, sample sd, 95% t-interval):")
-        for arm in ARMS:
-            print(f"  RL - warm, {arm}: {seed_spread(gains[arm]).format(signed=True)}")
-        for (a, b), xs in between.items():
+            if a in arms and b in arms:
+                d = paired_difference(arms[b][1], arms[a][1])  # a - b
+                between[(a, b)].append(d.diff)
+                cells.append(f"{a} - {b} {d.diff:+.3f} ± {over_tasks(d).se_paired:.3f} ({d.se_paired:.3f})")
+        print(f"seed {seed}: " + ("; ".join(cells) or "no pair of arms finished"))
+    print("\nover seeds (mean, sample sd, 95% t-interval; only where two or more seeds have the arm or pair):")
+    for arm in ARMS:
+        if len(gains[arm]) > 1:
+            print(f"  RL - warm, {arm} ({len(gains[arm])} seeds): {seed_spread(gains[arm]).format(signed=True)}")
+    for (a, b), xs in between.items():
+        if len(xs) > 1:
             s = seed_spread(xs)
-            print(f"  after RL, {a} - {b}: {s.format(signed=True)}: {s.in_words()}")
+            print(f"  after RL, {a} - {b} ({len(xs)} seeds): {s.format(signed=True)}: {s.in_words()}")
 
 
 if __name__ == "__main__":
