@@ -595,4 +595,3 @@ def test_many_tasks_from_very_few_tests_is_warned():
     rows = {line.split("│")[1].strip(): line for line in buf.getvalue().splitlines() if line.count("│") > 2}
     assert "few tests: 30 tasks" in rows["tiny"] and "few tests" not in rows["big"]
     assert "README.md:3: 'xs = [v for v in vs]'" in rows["x"]  # brackets are text, not rich markup
-
