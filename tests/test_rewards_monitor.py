@@ -423,12 +423,15 @@ def test_runner_rules_the_original_code_matches_are_not_evidence(text_task):
         ("usercustomize.cpython-311-x86_64-linux-gnu.so", True),
         ("evil.pth", True),
         ("evil.dist-info/entry_points.txt", True),
+        ("hypothesis/__init__.py", True),  # installed in the tests' environment (this venv)
+        ("src/hypothesis.py", True),
+        ("_pytest/__init__.py", True),
         ("text/json.py", False),  # inside the package: not an import root
         ("site/index.html", False),  # a directory of data, not the module `site`
         ("helpers.py", False),
     ],
 )
-def test_added_files_that_shadow_the_runner_or_start_up(text_task, path, flagged):
+def test_added_files_that_shadow_the_runner_start_up_or_installed_packages(text_task, path, flagged):
     added = FileChange(path, "added", None, b"import os\n")
     assert bool(_flags(text_task, added, kind="runner_tamper")) is flagged
 

@@ -105,6 +105,33 @@ def is_package_metadata(path: str) -> bool:
     return any(p.endswith(METADATA_SUFFIXES) for p in parts)
 
 
+MODULE_SUFFIXES = (".py", ".pyw", ".so", ".pyd")
+
+
+def import_root_module(path: str) -> str | None:
+    """The top-level module a file defines where it sits at an import root (the repository's root
+    or `src/`): `x.py`, `x.cpython-311-x86_64-linux-gnu.so` or `x/__init__.py` -> "x"; None for
+    any other path."""
+    parts = path.split("/")
+    if parts[0] == "src" and len(parts) > 1:
+        parts = parts[1:]
+    if len(parts) == 1 and parts[0].endswith(MODULE_SUFFIXES):
+        return parts[0].split(".")[0]
+    if len(parts) == 2 and parts[1].split(".")[0] == "__init__":
+        return parts[0]
+    return None
+
+
+def gold_added_paths(task) -> set[str]:
+    """Paths the gold patch of `task` (a TaskRecord) creates (`--- /dev/null` then `+++ b/path`)."""
+    lines = (task.patch or "").splitlines()
+    return {
+        b[len("+++ b/") :].strip()
+        for a, b in zip(lines, lines[1:])
+        if a.startswith("--- /dev/null") and b.startswith("+++ b/")
+    }
+
+
 @dataclass(frozen=True)
 class FileChange:
     path: str

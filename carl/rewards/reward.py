@@ -40,7 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carl.rewards.diff import FileChange, WorkspaceDiff, patched_file, workspace_changes
+from carl.rewards.diff import (
+    FileChange,
+    WorkspaceDiff,
+    gold_added_paths,
+    import_root_module,
+    patched_file,
+    workspace_changes,
+)
 from carl.rewards.testrun import Outcome, PytestCommand, TestRun, discover_setup, repo_plugins, run_tests
 from carl.sandbox.base import Sandbox, SandboxConfig, SandboxError, SandboxPathError
 from carl.tasks.doctests import doctest_files, restore_doctests
@@ -162,6 +169,8 @@ def _run_in(sandbox: Sandbox, task: TaskRecord, changes: WorkspaceDiff, config: 
     to_apply = changes_to_apply(task, changes, protected={setup.config_file()})
     applied = apply_changes(sandbox, to_apply)
     import_roots = [".", *task.environment.get("pythonpath", [])]
+    gold_added = gold_added_paths(task)  # a deleted top-level module the agent has to write again
+    added_modules = {import_root_module(c.path) for c in to_apply if c.status == "added" and c.path not in gold_added}
     run = run_tests(
         sandbox,
         command,
@@ -170,6 +179,7 @@ def _run_in(sandbox: Sandbox, task: TaskRecord, changes: WorkspaceDiff, config: 
         timeout_s=config.timeout_s,
         repo_plugins=repo_plugins(Path(task.broken_repo), import_roots),
         changed=list(applied),
+        installed_first=sorted(added_modules - {None}),
         max_text=config.max_chars_per_test,
     )
     tests = run.outcomes

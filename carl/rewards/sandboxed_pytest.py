@@ -25,12 +25,16 @@ Why each step (the agent's code is imported by the tests, so it runs in this pro
    the agent adds (pytest.toml, a new ini) is read either.
 4. The workspace joins sys.path after the standard library and before site-packages (the
    $PYTHONPATH entries, in order), so the repository's code wins over installed copies but
-   cannot replace standard modules.
+   cannot replace standard modules. A top-level module the agent added (`installed_first`, from
+   the host) is imported first from the environment where it is installed there, so an added
+   `hypothesis/` or `freezegun.py` cannot stand in for the package the tests import.
 5. Integrity checks, after collection and after every test: the runner's own functions and
    pytest's, pluggy's, doctest's and unittest's that decide an outcome must still be the objects
    imported in step 1, and no hook of the test protocol may be implemented in a file the agent
    changed. A replacement made by code in one of those files (or in code without a file) is
    reported as tampering, which voids the verdict.
+6. Hypothesis tests get the same examples and no deadline in every run (`pin_hypothesis`, from
+   carl/tasks/hypothesis_pin.py), as in validation: a loaded machine does not fail a right answer.
 
 Not prevented: code in this process can still reach into pytest in ways these checks do not
 watch (it is one interpreter); the monitor reads the agent's code for that.
@@ -107,8 +111,9 @@ _WATCHED_NAMES = {
     "pluggy._hooks.HookCaller": ("__call__",),
     "pluggy._callers": ("_multicall",),
     "pluggy._manager.PluginManager": ("_hookexec", "register", "unregister"),
-    "__main__": ("_send", "_check_integrity", "escape", "_write"),  # this runner itself
-    "__main__._Verdict": ("pytest_collectreport", "pytest_runtest_logreport", "pytest_sessionfinish"),
+    "__main__": ("_send", "_check_integrity", "escape", "_write", "pin_hypothesis"),  # this runner itself
+    "__main__._Verdict": ("pytest_collectreport", "pytest_runtest_logreport", "pytest_sessionfinish",
+                          "pytest_collection_modifyitems"),
 }
 _PROTOCOL_HOOKS = (
     "pytest_runtestloop", "pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call",
@@ -190,6 +195,9 @@ def _check_integrity(config):
     return not problems
 
 
+# carl.tasks.hypothesis_pin.pin_hypothesis: the host inserts its source in place of this line
+
+
 class _Verdict:
     """Streams every outcome to the channel as it happens (see the module docstring)."""
 
@@ -205,6 +213,10 @@ class _Verdict:
     def pytest_collectreport(self, report):
         if report.failed:
             _send("collect", escape(report.nodeid), escape(report.longreprtext[-self.max_text :]))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        pin_hypothesis(items)  # noqa: F821 - inserted by the host (above): the same examples, no deadline
 
     def pytest_collection_finish(self, session):
         _check_integrity(session.config)
@@ -248,6 +260,11 @@ class _Discover:
 _WATCHED = _snapshot()
 _MODULES = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] in ("pytest", "_pytest", "pluggy")}
 os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+for _name in _CONFIG.get("installed_first", ()):  # step 4: the environment's copy, not the agent's added one
+    try:
+        importlib.import_module(_name)
+    except Exception:  # noqa: BLE001 - not installed (or it does not import): the workspace's is what there is
+        pass
 _site = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), len(sys.path))
 sys.path[_site:_site] = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 if _CONFIG["mode"] == "discover":

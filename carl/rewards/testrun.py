@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carl.sandbox.base import ExecResult, Sandbox, SandboxError
+from carl.tasks.hypothesis_pin import SOURCE as PIN_HYPOTHESIS
 
-RUNNER_SOURCE = (Path(__file__).parent / "sandboxed_pytest.py").read_text()
+_PIN_LINE = "# carl.tasks.hypothesis_pin.pin_hypothesis: the host inserts its source in place of this line\n"
+RUNNER_SOURCE = (Path(__file__).parent / "sandboxed_pytest.py").read_text().replace(_PIN_LINE, PIN_HYPOTHESIS, 1)
 
 Outcome = str  # "passed" | "failed" | "error" | "skipped" | "missing" | "timeout"
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -123,16 +125,21 @@ def run_tests(
     timeout_s: float,
     repo_plugins: list[tuple[str, str]] = (),
     changed: list[str] = (),
+    installed_first: list[str] = (),
     max_text: int = 1500,
 ) -> TestRun:
     """Run `node_ids` with carl's runner and read their outcomes from the verdict channel.
+    `installed_first`: top-level modules the agent added to the workspace; the runner imports the
+    environment's copy of each, where it has one, before the workspace joins sys.path, so an added
+    `hypothesis/` or `freezegun.py` cannot stand in for what the tests import.
 
     Raises SandboxError when the runner could not start (an infrastructure failure: nothing of
     the agent's had run yet); everything after that is the agent's result."""
     secret = secrets.token_hex(16)
     args = [*command.options, "--rootdir", setup.rootdir, "-c", setup.inifile or "/dev/null"]  # relative: to the cwd
     config = {"mode": "run", "args": args, "node_ids": node_ids, "blocked": list(setup.blocked),
-              "repo_plugins": [list(p) for p in repo_plugins], "changed": list(changed), "max_text": max_text}  # fmt: skip
+              "repo_plugins": [list(p) for p in repo_plugins], "changed": list(changed), "max_text": max_text,
+              "installed_first": list(installed_first)}  # fmt: skip
     res = _run_runner(sandbox, command.python, config, secret, timeout_s)
     lines = _channel(res.stderr, secret)
     if not any(kind == "start" for kind, _ in lines) and not res.timed_out:

@@ -9,6 +9,9 @@ cheapest exact per-test map the standard library gives.
 
 A node id selected but absent from the report did not run (its module failed to import during
 collection, or the session crashed): it counts as failed.
+
+Hypothesis tests run with the same examples and no deadline in every run (`pin_hypothesis`,
+carl.tasks.hypothesis_pin), as they do in the reward's runner.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import time
 from dataclasses import dataclass, field
 
 from carl.sandbox.base import Sandbox, SandboxPathError
+from carl.tasks.hypothesis_pin import SOURCE as PIN_HYPOTHESIS
 
 RUN_DIR = ".carl_run"
 
 _PLUGIN = r'''
 import json, os, sys, threading
 import pytest
-
+''' + PIN_HYPOTHESIS + r'''
 
 class CarlRun:
     def __init__(self, report_path, trace):
@@ -40,6 +44,10 @@ class CarlRun:
     def pytest_collectreport(self, report):
         if report.failed:
             self.collect_errors.append(report.nodeid)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        pin_hypothesis(items)  # the same examples, no deadline, in every run (carl.tasks.hypothesis_pin)
 
     def pytest_runtest_logreport(self, report):
         nid = report.nodeid
