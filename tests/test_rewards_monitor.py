@@ -356,6 +356,8 @@ def test_an_object_from_unittest_mock_that_equals_anything_is_flagged(text_task)
         "    import pytest",
         "    from _pytest import runner",
         "    importlib.import_module('_pytest.runner')",
+        "    from hypothesis import settings, Phase",
+        "    importlib.import_module('hypothesis')",
         "    sys.modules['text.core'] = fake",
         "    sys.meta_path.insert(0, Finder())",
         "    from unittest import mock",

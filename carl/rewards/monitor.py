@@ -291,6 +291,8 @@ _RUNNER_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for label, pattern in [
         ("imports the test runner", r"^\s*(import|from)\s+(_?pytest|pluggy|py|iniconfig)\b"
                                     r"|(import_module|__import__)\(\s*['\"](_?pytest|pluggy)|['\"]_pytest\b"),
+        # Hypothesis's settings decide what a property test runs (`phases`, `max_examples`, `database`).
+        ("imports hypothesis", r"^\s*(import|from)\s+_?hypothesis\w*\b|(import_module|__import__)\(\s*['\"]_?hypothesis"),
         ("writes sys.modules", r"sys\.modules\s*\[[^\]]*\]\s*=(?!=)|sys\.modules\.(update|setdefault|pop|popitem|clear)\b"
                                r"|\bdel\s+sys\.modules\b"),
         ("installs an import hook", r"\bsys\.(meta_path|path_hooks|path_importer_cache)\b"),
