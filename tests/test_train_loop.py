@@ -57,10 +57,16 @@ def test_train_runs_warm_start_rl_and_eval_and_a_rerun_resumes_finished(finished
     rl_report = json.loads((run / "eval" / reports[1]).read_text())
     assert rl_report["summary"] == json.loads(json.dumps(summary["rl"]))
     assert [t["n"] for t in rl_report["tasks"]] == [1] and rl_report["tasks"][0]["passed"] in (0, 1)
+    (first,) = json.loads((run / "time.json").read_text())["processes"]  # where the run's time went
+    groups = [p["group"] for p in first["phases"]]
+    assert groups[:1] == ["expert episodes"] and {"warm start", "eval warm start", "RL", "eval after RL"} <= set(groups)
+    assert len(groups) == len(set(groups))  # the epochs of the warm start and the RL steps count as one each
+    assert 0 < sum(p["wall_s"] for p in first["phases"]) <= first["total_s"]
     # a finished run resumes at phase "done": same report, no new RL step
     again = train(cfg, Console(quiet=True))
     assert again == summary
     assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
+    assert len(json.loads((run / "time.json").read_text())["processes"]) == 2  # the resumed process's own entry
 
 
 def test_rl_steps_0_is_a_warm_start_evaluated_once_and_a_branch_of_it_trains(tmp_path, one_task, capsys):

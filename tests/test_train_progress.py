@@ -95,3 +95,61 @@ def test_an_rl_step_line_fits_an_80_column_log_unwrapped():
     out = io.StringIO()
     Console(file=out, width=80).print(line, highlight=False)
     assert out.getvalue() == line + "\n"
+
+
+def test_phases_of_one_group_add_up_and_the_table_accounts_for_the_whole_run(monkeypatch):
+    import carl.train.progress as progress_mod
+
+    now = [100.0]
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: now[0])
+    console, out = _log_console()
+    with RunProgress(console) as p:
+        now[0] += 5  # loading the model: before any phase
+        for epoch in (1, 2):
+            p.phase(f"warm start epoch {epoch}/2", 4, "batches", group="warm start")
+            p.advance(4)
+            now[0] += 30
+        p.phase("eval warm start (2 held-out tasks x 2)", 4, "episodes", group="eval warm start")
+        p.advance(4)
+        now[0] += 20
+        p.end()
+        now[0] += 5  # a checkpoint: between phases
+        p.phase("RL step 1/2", 8, "rollouts", group="RL")
+        p.advance(8)
+        p.describe("RL step 2/2")
+        now[0] += 40
+    record = p.time_record()
+    assert record["total_s"] == 130.0
+    assert [(ph["group"], ph["wall_s"], ph["done"], ph["unit"]) for ph in record["phases"]] == [
+        ("warm start", 60.0, 8, "batches"), ("eval warm start", 20.0, 4, "episodes"), ("RL", 40.0, 8, "rollouts")]
+    console, out = _log_console()
+    console.print(p.time_table())
+    text = out.getvalue()
+    assert "warm start" in text and "1:00" in text and "46%" in text
+    assert "between phases" in text and "0:10" in text and "8%" in text  # the model's load and the checkpoint
+    assert "total" in text and "2:10" in text
+
+
+def test_the_time_table_fits_an_80_column_log():
+    with RunProgress(_log_console()[0]) as p:
+        p.phase("micro world (generated repos -> feature deletion -> validation)", 72, "repos", group="micro world")
+        p.advance(72)
+    console = Console(file=io.StringIO(), force_terminal=False, width=80)
+    console.print(p.time_table())
+    lines = console.file.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80 and any("micro world" in line and "72 repos" in line for line in lines)
+
+
+def test_each_process_of_a_run_adds_its_time_to_time_json(tmp_path):
+    import json
+
+    from carl.train.loop import keep_time
+
+    path = tmp_path / "time.json"
+    keep_time(path, {"total_s": 10.0, "phases": [{"group": "RL", "wall_s": 9.0, "done": 8, "unit": "rollouts"}]})
+    keep_time(path, {"total_s": 3.0, "phases": []})  # a resumed run's process
+    kept = json.loads(path.read_text())["processes"]
+    assert [k["total_s"] for k in kept] == [10.0, 3.0] and kept[0]["phases"][0]["group"] == "RL" and kept[0]["revision"]
+    path.write_text("{cut short")  # a file a crash left unreadable: started again, not a crash at the end of a run
+    keep_time(path, {"total_s": 1.0, "phases": []})
+    assert [k["total_s"] for k in json.loads(path.read_text())["processes"]] == [1.0]

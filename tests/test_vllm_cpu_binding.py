@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from carl.engine.vllm_server import SMALL_MACHINE_CPUS, cpu_binding
 
 
@@ -48,3 +50,26 @@ def test_the_users_environment_wins_over_the_automatic_choice(monkeypatch, tmp_p
     assert server_env(0)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
     assert server_env(2)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+
+
+def test_a_cpu_server_gets_small_kv_blocks_and_a_gpu_server_keeps_vllms_unless_set(monkeypatch):
+    from pathlib import Path
+
+    from carl.engine import vllm_server
+    from carl.engine.config import EngineConfig
+    from carl.engine.vllm_server import CPU_BLOCK_SIZE, ServerSpec
+
+    def block(spec: ServerSpec) -> str | None:
+        argv = spec.argv(Path("python"), 1)
+        return argv[argv.index("--block-size") + 1] if "--block-size" in argv else None
+
+    monkeypatch.setattr(vllm_server, "has_cuda", lambda: False)
+    assert block(ServerSpec(model="m")) == str(CPU_BLOCK_SIZE) == "32"
+    assert block(ServerSpec(model="m", block_size=128)) == "128"
+    monkeypatch.setattr(vllm_server, "has_cuda", lambda: True)
+    assert block(ServerSpec(model="m")) is None and block(ServerSpec(model="m", block_size=64)) == "64"
+    with pytest.raises(ValueError, match="engine.block_size: got -1"):
+        EngineConfig(block_size=-1)
+    monkeypatch.setattr(vllm_server, "has_cuda", lambda: False)  # vLLM's CPU attention takes multiples of 32 only
+    with pytest.raises(vllm_server.EngineError, match="engine.block_size: got 16, expected a multiple of 32 on a CPU"):
+        vllm_server.VLLMServer(ServerSpec(model="m", block_size=16), "unused.log").start()

@@ -77,7 +77,7 @@ class VLLMEngine(DefaultSampling):
                               enforce_eager=config.enforce_eager, kv_cache_gb=config.kv_cache_gb,
                               gpu_memory_utilization=config.gpu_memory_utilization,
                               cpu_threads=config.cpu_threads, seed=seed, record_routes=record_routes,
-                              lora_rank=lora_rank)
+                              lora_rank=lora_rank, block_size=config.block_size)
             self.server = VLLMServer(spec, Path(log_dir) / "vllm.log", config.start_timeout_s,
                                      config.max_restarts, log)
             self.server.start()

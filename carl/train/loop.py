@@ -83,8 +83,22 @@ def lead_run(cfg: TrainConfig, console: Console) -> dict[str, Any]:
     console.print(describe_compute(cfg.model.device, cfg.model.dtype))  # why this machine is as fast as it is
     with RunProgress(console) as progress:
         reports = run_phases(cfg, run_dir, log, progress)
+    console.print(progress.time_table())
+    keep_time(run_dir / "time.json", progress.time_record())
     print_final_report(console, reports, run_dir)
     return {name: r["summary"] for name, r in reports.items()}
+
+
+def keep_time(path: Path, record: dict) -> None:
+    """Append this process's time by phase to `path` ({"processes": [...]}: a resumed or extended
+    run adds one entry per process that worked on it)."""
+    import json
+
+    try:
+        kept = json.loads(path.read_text())["processes"] if path.exists() else []
+    except (ValueError, KeyError, TypeError):  # not ours, or cut short by a crash: start it again
+        kept = []
+    atomic_write_json(path, {"processes": [*kept, {"revision": git_revision(Path(__file__).parent), **record}]})
 
 
 def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunProgress) -> dict[str, Any]:
@@ -118,7 +132,7 @@ def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunPr
             trainer.set_lr(cfg.warm_start.lr)
             while state.sft_epoch < cfg.warm_start.epochs:
                 progress.phase(f"warm start epoch {state.sft_epoch + 1}/{cfg.warm_start.epochs}",
-                               sft_batches(data, cfg.warm_start.batch_size), "batches")
+                               sft_batches(data, cfg.warm_start.batch_size), "batches", group="warm start")
                 losses = trainer.sft_epoch(data, pad_id, state.sft_epoch, on_batch=lambda loss: progress.advance())
                 state.sft_epoch += 1
                 log.log(state.sft_epoch - cfg.warm_start.epochs, {"loss/sft": float(np.mean(losses))})
@@ -186,7 +200,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
                           f"{budget_batches(cfg, state)} more of rl.steps={cfg.rl.steps} steps "
                           f"({left} rollouts left, {per_step} a step); rl.max_rollouts=0 removes the limit")
         planned = max(1, min(planned, left))
-    progress.phase(step_label(cfg, state, state.rl_step + 1), planned, "rollouts")
+    progress.phase(step_label(cfg, state, state.rl_step + 1), planned, "rollouts", group="RL")
     submitted = itertools.count(1)
 
     def submit(task_index: int, sample_index: int, version: int):
@@ -354,7 +368,8 @@ class EngineStart:
                 self._engine = open_engine(*self._args, self._console.print)
             return self._engine
         if self._thread.is_alive():
-            progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine")
+            progress.phase("starting the vLLM engine (first use builds its environment: a few minutes)", 1, "engine",
+                           group="waiting for the vLLM engine")
             self._thread.join()
             progress.advance()
         if self._error is not None:
@@ -397,7 +412,8 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, progress: RunProgress) -> di
 
     m = cfg.micro
     repos = {"warm_start": m.warm_start_repos, "rl": m.rl_repos, "eval": m.eval_repos}
-    progress.phase("micro world (generated repos -> feature deletion -> validation)", sum(repos.values()), "repos")
+    progress.phase("micro world (generated repos -> feature deletion -> validation)", sum(repos.values()), "repos",
+                   group="micro world")
     world = build_micro_tasks(run_dir / "micro", m.seed, m.difficulty, repos, m.modules_per_repo, m.defs_per_module,
                               m.max_tasks_per_repo, backend=cfg.sandbox.backend,
                               progress=lambda split, s, r: progress.advance())
@@ -417,7 +433,7 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, progress: RunProgress) -> di
 def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, progress, log):
     ws = cfg.warm_start
     mistakes = ExpertMistakes(bad_call=ws.bad_call, wrong_edit=ws.wrong_edit, skip_read=ws.skip_read)
-    progress.phase("expert episodes (warm-start data)", ws.episodes, "episodes")
+    progress.phase("expert episodes (warm-start data)", ws.episodes, "episodes", group="expert episodes")
     data = expert_rollouts(warm_tasks, tokenizer, ws.episodes, mistakes, limits, tools, cfg.sandbox, cfg.seed,
                            on_done=lambda r: progress.advance(), summary=ws.expert_summary)
     progress.end()
@@ -447,7 +463,7 @@ def expert_failure(data: list, limits: EpisodeLimits) -> Exception:
 def run_eval(name: str, policy: Engine, cfg: TrainConfig, tasks, tools, progress, log, step: int) -> dict:
     limits, console = eval_limits(cfg), progress.console
     progress.phase(f"eval {name} ({len(tasks)} held-out tasks x {cfg.eval.samples_per_task})",
-                   len(tasks) * cfg.eval.samples_per_task, "episodes")
+                   len(tasks) * cfg.eval.samples_per_task, "episodes", group=f"eval {name}")
     with policy.sampling(cfg.eval.temperature):
         report, rollouts = evaluate(name, policy, tasks, cfg.eval.samples_per_task, limits, tools,
                                     cfg.sandbox, max_workers=cfg.rollout.concurrency,
@@ -490,7 +506,8 @@ def print_final_report(console: Console, reports: dict[str, dict], run_dir: Path
     console.print(table)
     if "warm_start" in reports and "rl" in reports:
         console.print(rl_gain_lines(reports["warm_start"], reports["rl"]), highlight=False)
-    console.print(f"run directory: {run_dir} (config.toml, metrics.jsonl, plots/, transcripts/, checkpoints/)")
+    console.print(f"run directory: {run_dir} (config.toml, metrics.jsonl, time.json, plots/, "
+                  "transcripts/, checkpoints/)")
 
 
 def rl_gain_lines(warm: dict, rl: dict) -> str:

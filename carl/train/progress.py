@@ -6,15 +6,29 @@
 On a terminal it is one rich progress line under the run's other output. Into a log (stdout not a
 terminal) it prints a line when a phase starts, at each quarter of it and when it ends, so a run
 under `nohup` or CI still says where it is. Work may be reported from any thread.
+
+Each phase that ends is kept (`spent`): its group (e.g. "warm start" for every epoch, "RL" for
+every step), wall seconds and units, so a run can say where its time went (`time_table`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """Wall time of one group of phases: consecutive phases of one group add up."""
+
+    group: str
+    wall_s: float
+    done: int
+    unit: str
 
 
 class RunProgress:
@@ -27,6 +41,9 @@ class RunProgress:
                              TimeRemainingColumn(), console=console, transient=False) if self.live else None
         self._task = None
         self._name, self._total, self._done, self._unit, self._t0, self._quarter = "", 0, 0, "", 0.0, 0
+        self._group = ""
+        self.started = time.monotonic()
+        self.spent: list[PhaseTime] = []
 
     def __enter__(self) -> RunProgress:
         if self._bar is not None:
@@ -38,11 +55,13 @@ class RunProgress:
         if self._bar is not None:
             self._bar.stop()
 
-    def phase(self, name: str, total: int, unit: str) -> None:
-        """A new phase of `total` units (the previous one ends)."""
+    def phase(self, name: str, total: int, unit: str, group: str = "") -> None:
+        """A new phase of `total` units (the previous one ends); its time counts toward `group`
+        (default: `name`), which consecutive phases of one group share."""
         self.end()
         with self._lock:
             self._name, self._total, self._done, self._unit = name, total, 0, unit
+            self._group = group or name
             self._t0, self._quarter = time.monotonic(), 0
             if self._bar is not None:
                 self._task = self._bar.add_task(name, total=total, unit=unit)
@@ -74,12 +93,45 @@ class RunProgress:
 
     def end(self) -> None:
         with self._lock:
+            if self._name:
+                self._keep(PhaseTime(self._group, time.monotonic() - self._t0, self._done, self._unit))
             if self._bar is not None and self._task is not None:
                 self._bar.update(self._task, completed=max(self._done, 0), total=max(self._total, self._done))
                 self._bar.stop_task(self._task)
             elif self._bar is None and self._name:
                 self._print(f"{self._line()} (done)")
             self._task, self._name = None, ""
+
+    def _keep(self, t: PhaseTime) -> None:
+        last = self.spent[-1] if self.spent else None
+        if last is not None and last.group == t.group and last.unit == t.unit:
+            self.spent[-1] = PhaseTime(t.group, last.wall_s + t.wall_s, last.done + t.done, t.unit)
+        else:
+            self.spent.append(t)
+
+    def time_table(self, title: str = "where this process's time went"):
+        """A rich Table of `spent`, with the time between phases (loading the model, checkpoints,
+        weight syncs) as "between phases" and the total since this object was made."""
+        from rich.table import Table
+
+        total = time.monotonic() - self.started
+        table = Table(title=title)
+        for col in ("phase", "work", "wall", "share"):
+            table.add_column(col, justify="left" if col == "phase" else "right", overflow="fold")
+        rows = [(t.group, f"{t.done} {t.unit}", t.wall_s) for t in self.spent]
+        rows.append(("between phases", "", max(0.0, total - sum(t.wall_s for t in self.spent))))
+        for i, (name, work, wall) in enumerate(rows):
+            table.add_row(name, work, clock(wall), f"{wall / total:.0%}" if total > 0 else "",
+                          end_section=i == len(rows) - 1)
+        table.add_row("total", "", clock(total), "")
+        return table
+
+    def time_record(self) -> dict:
+        """`spent` and the total as JSON-ready numbers (what <run_dir>/time.json keeps)."""
+        total = time.monotonic() - self.started
+        return {"total_s": round(total, 1),
+                "phases": [{"group": t.group, "wall_s": round(t.wall_s, 1), "done": t.done, "unit": t.unit}
+                           for t in self.spent]}
 
     def _print(self, line: str) -> None:
         self.console.print(f"[progress] {line}", markup=False, highlight=False, soft_wrap=True)
