@@ -40,8 +40,8 @@ class EngineConfig:
     """Weight sync: a full snapshot every N versions, deltas between (carl.systems.delta_sync)."""
     block_size: int = 0
     """Tokens per KV-cache block of a server carl starts; 0: 32 on a CPU (vLLM's CPU default, 128,
-    computes each turn's context again past its last full block: 14% slower evals of the embedded
-    default, carl.engine.vllm_server.CPU_BLOCK_SIZE), vLLM's own choice on a GPU."""
+    computes each turn's context again past its last full block: evals of the embedded default took
+    1.11x as long, carl.engine.vllm_server.CPU_BLOCK_SIZE), vLLM's own choice on a GPU."""
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINES:

@@ -102,8 +102,8 @@ CPU_BLOCK_SIZE = 32
 """KV-cache block of a CPU server, in tokens. The prefix cache keeps whole blocks only, so each turn
 of an episode computes again the part of its context past the last full block: half a block on
 average, per request. vLLM's CPU default is 128; at 32 (the smallest its CPU attention takes: 16
-stops the worker) a held-out eval of the embedded default computed 21% fewer prompt tokens and took 14% less
-time (docs/engine.md, "KV-cache blocks")."""
+stops the worker) a held-out eval of the embedded default computed 21% fewer prompt tokens and
+took 10% less time, every sample the same (docs/engine.md, "KV-cache blocks")."""
 
 
 def cpu_binding(cpu_threads: int, cpus: int) -> dict[str, str]:
