@@ -73,3 +73,17 @@ def test_a_cpu_server_gets_small_kv_blocks_and_a_gpu_server_keeps_vllms_unless_s
     monkeypatch.setattr(vllm_server, "has_cuda", lambda: False)  # vLLM's CPU attention takes multiples of 32 only
     with pytest.raises(vllm_server.EngineError, match="engine.block_size: got 16, expected a multiple of 32 on a CPU"):
         vllm_server.VLLMServer(ServerSpec(model="m", block_size=16), "unused.log").start()
+
+
+def test_carl_train_refuses_a_cpu_block_size_before_building_anything(tmp_path, monkeypatch, capsys):
+    """vLLM's CPU worker dies on such a block only after loading the model, and `carl train` starts
+    the engine after the world: without this check the run would fail minutes in."""
+    from carl.cli import main
+    from carl.engine import vllm_server
+
+    monkeypatch.setattr(vllm_server, "has_cuda", lambda: False)
+    run = tmp_path / "run"
+    assert main(["train", f"run_dir={run}", "engine.block_size=48"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("carl: engine: engine.block_size: got 48, expected a multiple of 32 on a CPU")
+    assert "\n" not in err and not run.exists()

@@ -106,6 +106,14 @@ stops the worker) a held-out eval of the embedded default computed 21% fewer pro
 took 10% less time, every sample the same (docs/engine.md, "KV-cache blocks")."""
 
 
+def check_block_size(block_size: int) -> None:
+    """EngineError for a KV-cache block vLLM would refuse on this machine (on a CPU its worker dies
+    after loading the model, so say it before): CPU attention takes multiples of CPU_BLOCK_SIZE."""
+    if block_size % CPU_BLOCK_SIZE and not has_cuda():
+        raise EngineError(f"engine.block_size: got {block_size}, expected a multiple of {CPU_BLOCK_SIZE} on a CPU "
+                          f"(vLLM's CPU attention kernels), or 0 for {CPU_BLOCK_SIZE}")
+
+
 def cpu_binding(cpu_threads: int, cpus: int) -> dict[str, str]:
     """The environment that sets a CPU server's worker threads: `cpu_threads` > 0 binds cores
     0..cpu_threads-1. With 0, vLLM binds one thread per core but keeps a core for its scheduler
@@ -144,9 +152,7 @@ class VLLMServer:
         return f"http://{self.spec.host}:{self.port}"
 
     def start(self) -> None:
-        if self.spec.block_size % CPU_BLOCK_SIZE and not has_cuda():  # else vLLM's worker dies after a model load
-            raise EngineError(f"engine.block_size: got {self.spec.block_size}, expected a multiple of "
-                              f"{CPU_BLOCK_SIZE} on a CPU (vLLM's CPU attention kernels), or 0 for {CPU_BLOCK_SIZE}")
+        check_block_size(self.spec.block_size)
         python = vllm_python(self._log)
         self.port = self.spec.port or free_port(self.spec.host)
         if self.spec.port and not _port_free(self.spec.host, self.spec.port):

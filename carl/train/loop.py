@@ -74,6 +74,10 @@ def lead_run(cfg: TrainConfig, console: Console) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar per weights load and save, dozens a run: the run's own line says more
+    if cfg.engine.kind == "vllm" and not cfg.engine.url:  # now, not after the world and the warm start
+        from carl.engine.vllm_server import check_block_size
+
+        check_block_size(cfg.engine.block_size)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.toml")
