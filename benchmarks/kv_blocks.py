@@ -29,6 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from carl.config import load_config  # noqa: E402
+from carl.engine.base import EngineError  # noqa: E402
+from carl.engine.vllm_server import check_block_size  # noqa: E402
 from carl.eval.bench import evaluate  # noqa: E402
 from carl.harness.tools import default_tools  # noqa: E402
 from carl.io import atomic_write_json  # noqa: E402
@@ -69,7 +71,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="JSON with every sample (default: RUN/kv_blocks.json)")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        for size in sizes:  # before any eval runs, not when a refused size's turn comes
+            check_block_size(size)
+    except (ValueError, EngineError) as e:
+        ap.error(f"--sizes {args.sizes!r}: {e}")
     model = args.run / "checkpoints" / "step_000000" / "model"
     if not (args.run / "config.toml").is_file() or not model.is_dir():
         sys.exit(f"{args.run}: expected a carl train run directory with config.toml and checkpoints/step_000000/model")
