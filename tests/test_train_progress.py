@@ -5,7 +5,7 @@ from rich.console import Console
 
 from carl.eval.paired import in_words, over_tasks, paired_difference
 from carl.train.loop import rl_gain_lines, step_line
-from carl.train.progress import RunProgress
+from carl.train.progress import RunProgress, time_table
 
 
 def _log_console() -> tuple[Console, io.StringIO]:
@@ -123,7 +123,7 @@ def test_phases_of_one_group_add_up_and_the_table_accounts_for_the_whole_run(mon
     assert [(ph["group"], ph["wall_s"], ph["done"], ph["unit"]) for ph in record["phases"]] == [
         ("warm start", 60.0, 8, "batches"), ("eval warm start", 20.0, 4, "episodes"), ("RL", 40.0, 8, "rollouts")]
     console, out = _log_console()
-    console.print(p.time_table())
+    console.print(time_table(p.time_record()))
     text = out.getvalue()
     assert "warm start" in text and "1:00" in text and "46%" in text
     assert "between phases" in text and "0:10" in text and "8%" in text  # the model's load and the checkpoint
@@ -135,7 +135,7 @@ def test_the_time_table_fits_an_80_column_log():
         p.phase("micro world (generated repos -> feature deletion -> validation)", 72, "repos", group="micro world")
         p.advance(72)
     console = Console(file=io.StringIO(), force_terminal=False, width=80)
-    console.print(p.time_table())
+    console.print(time_table(p.time_record()))
     lines = console.file.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 80 and any("micro world" in line and "72 repos" in line for line in lines)
 

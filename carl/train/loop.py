@@ -50,7 +50,7 @@ from carl.tasks import TaskRecord, load_tasks
 from carl.train.checkpoint import latest_checkpoint
 from carl.train.config import TrainConfig
 from carl.train.metrics import MetricsLog, git_revision
-from carl.train.progress import RunProgress
+from carl.train.progress import RunProgress, time_table
 from carl.train.ranks import torchrun_ranks
 from carl.train.state import RunState
 from carl.train.trainer import Trainer, follow
@@ -87,8 +87,9 @@ def lead_run(cfg: TrainConfig, console: Console) -> dict[str, Any]:
     console.print(describe_compute(cfg.model.device, cfg.model.dtype))  # why this machine is as fast as it is
     with RunProgress(console) as progress:
         reports = run_phases(cfg, run_dir, log, progress)
-    console.print(progress.time_table())
-    keep_time(run_dir / "time.json", progress.time_record())
+    spent = progress.time_record()
+    console.print(time_table(spent))
+    keep_time(run_dir / "time.json", spent)
     print_final_report(console, reports, run_dir)
     return {name: r["summary"] for name, r in reports.items()}
 

@@ -8,7 +8,7 @@ terminal) it prints a line when a phase starts, at each quarter of it and when i
 under `nohup` or CI still says where it is. Work may be reported from any thread.
 
 Each phase that ends is kept (`spent`): its group (e.g. "warm start" for every epoch, "RL" for
-every step), wall seconds and units, so a run can say where its time went (`time_table`).
+every step), wall seconds and units; `time_record` gives them with the total, `time_table` shows it.
 """
 
 from __future__ import annotations
@@ -109,23 +109,6 @@ class RunProgress:
         else:
             self.spent.append(t)
 
-    def time_table(self, title: str = "where this process's time went"):
-        """A rich Table of `spent`, with the time between phases (loading the model, checkpoints,
-        weight syncs) as "between phases" and the total since this object was made."""
-        from rich.table import Table
-
-        total = time.monotonic() - self.started
-        table = Table(title=title)
-        for col in ("phase", "work", "wall", "share"):
-            table.add_column(col, justify="left" if col == "phase" else "right", overflow="fold")
-        rows = [(t.group, f"{t.done} {t.unit}", t.wall_s) for t in self.spent]
-        rows.append(("between phases", "", max(0.0, total - sum(t.wall_s for t in self.spent))))
-        for i, (name, work, wall) in enumerate(rows):
-            table.add_row(name, work, clock(wall), f"{wall / total:.0%}" if total > 0 else "",
-                          end_section=i == len(rows) - 1)
-        table.add_row("total", "", clock(total), "")
-        return table
-
     def time_record(self) -> dict:
         """`spent` and the total as JSON-ready numbers (what <run_dir>/time.json keeps)."""
         total = time.monotonic() - self.started
@@ -147,6 +130,25 @@ class RunProgress:
     def done(self) -> int:
         """Units done in the current phase."""
         return self._done
+
+
+def time_table(record: dict, title: str = "where this process's time went"):
+    """A rich Table of a `RunProgress.time_record`, with the time between phases (loading the model,
+    checkpoints, weight syncs) as "between phases" and the share of the total each took."""
+    from rich.table import Table
+
+    from carl.eval.report import add_columns
+
+    total = record["total_s"]
+    table = Table(title=title)
+    add_columns(table, ("phase", "work", "wall", "share"), "phase")
+    rows = [(p["group"], f"{p['done']} {p['unit']}", p["wall_s"]) for p in record["phases"]]
+    rows.append(("between phases", "", max(0.0, total - sum(p["wall_s"] for p in record["phases"]))))
+    for i, (name, work, wall) in enumerate(rows):
+        table.add_row(name, work, clock(wall), f"{wall / total:.0%}" if total > 0 else "",
+                      end_section=i == len(rows) - 1)
+    table.add_row("total", "", clock(total), "")
+    return table
 
 
 def clock(seconds: float) -> str:
