@@ -110,7 +110,7 @@ def main() -> None:
                              f"needs about {GIB_PER_RUN} GiB of memory (refused when they do not fit)")
     parser.add_argument("--keep", metavar="DIR", default=None,
                         help="also copy what the summary is computed from (each run's report, eval reports with "
-                             "every sample's outcome, metrics, config) and learning.json/.png to DIR, laid out "
+                             "every sample's outcome, metrics, config; its time.json and revision) and learning.json/.png to DIR, laid out "
                              "as --out, so that `--report-only --out DIR` recomputes it (docs/results/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = parser.parse_args()
@@ -163,7 +163,8 @@ def main() -> None:
         keep(Path(args.out), Path(args.keep), [f"seed{r['seed']}_{arm}" for arm, rows in results.items() for r in rows])
 
 
-KEPT = ("config.toml", "report.json", "metrics.jsonl", "eval/step*.json")  # what run_result reads, and the config
+KEPT = ("config.toml", "report.json", "metrics.jsonl", "eval/step*.json",  # what run_result reads, and the config
+        "time.json", "git_revision.txt")  # where the run's time went, and the code it ran
 
 
 def keep(out: Path, dest: Path, runs: list[str]) -> None:

@@ -265,6 +265,7 @@ def test_keep_copies_what_the_summary_reads_and_no_checkpoint(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, **rl}) + "\n")
     (run / "report.json").write_text(json.dumps({"warm_start": {"pass@1": 0.25}, "rl": {"pass@1": 0.75}}))
     (run / "config.toml").write_text("seed = 3\n")
+    (run / "time.json").write_text('{"processes": []}')
     (run / "checkpoints" / "step_000000").mkdir(parents=True)
     (run / "checkpoints" / "step_000000" / "trainer.pt").write_text("weights")
     (out / "learning.json").write_text("{}")
@@ -272,5 +273,6 @@ def test_keep_copies_what_the_summary_reads_and_no_checkpoint(tmp_path):
     learning.keep(out, dest, ["seed3_grpo"])
     assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
         "learning.json", "learning.png", "seed3_grpo/config.toml", "seed3_grpo/eval/step000000.json",
-        "seed3_grpo/eval/step000005.json", "seed3_grpo/metrics.jsonl", "seed3_grpo/report.json"]
+        "seed3_grpo/eval/step000005.json", "seed3_grpo/metrics.jsonl", "seed3_grpo/report.json",
+        "seed3_grpo/time.json"]
     assert learning.run_result(dest / "seed3_grpo", 3) == learning.run_result(run, 3)  # the summary's input, kept
