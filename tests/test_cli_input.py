@@ -259,7 +259,11 @@ def test_engine_serve_computes_in_the_dtype_carl_train_would(tmp_path, monkeypat
         monkeypatch.setattr(hf, "native_bf16", lambda device, native=native: native)
         assert main(serve + asked) == 1  # the fake server is not alive
         assert specs[-1].dtype == expected, (cuda, native, asked)
-        assert f"in {expected} at" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert f"in {expected} at" in out
+        # only a bf16 asked for where it is not native is warned about
+        assert ("warning: --dtype bfloat16 on a CPU without native bf16" in out) == (expected == "bfloat16" and
+                                                                                   not (cuda or native))
         argv = specs[-1].argv(Path("python"), 1)
         assert argv[argv.index("--dtype") + 1] == expected
     with pytest.raises(SystemExit):  # argparse names the choices

@@ -60,6 +60,9 @@ def _serve(args) -> int:
     if args.lora_rank < 0:
         raise UserError(f"--lora-rank: got {args.lora_rank}, expected 0 (no LoRA) or the adapters' rank")
     dtype = serve_dtype(args.dtype)
+    if dtype == "bfloat16" and not _native_bf16_here():
+        print("warning: --dtype bfloat16 on a CPU without native bf16 (no AMX or AVX512-BF16): prefill runs "
+              "about 4.6x slower than --dtype float32 (docs/engine.md)")
     spec = ServerSpec(model=args.model, dtype=dtype, host=args.host, port=args.port, max_model_len=args.max_model_len,
                       kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
                       enforce_eager=not args.compile, lora_rank=args.lora_rank, record_routes=args.record_routes)
@@ -81,12 +84,15 @@ def serve_dtype(dtype: str) -> str:
     native bf16 a CPU server in bf16 prefilled 1,024 tokens of SmolLM2-135M in 12.6 s, in fp32 in
     2.7 s (2-core AVX2 Zen 3, 2026-12-06), and a trainer computing in fp32 would score tokens a bf16
     sampler drew."""
-    from carl.engine.vllm_env import has_cuda
-
     if dtype != "auto":
         return dtype
-    if has_cuda():
-        return "bfloat16"
-    from carl.engine.hf import auto_dtype
+    return "bfloat16" if _native_bf16_here() else "float32"
 
-    return auto_dtype("cpu")
+
+def _native_bf16_here() -> bool:
+    """The server's device computes bf16 natively: a GPU (vLLM's CUDA build), or a CPU with AMX or
+    AVX512-BF16 (`carl.engine.hf.native_bf16`)."""
+    from carl.engine.hf import native_bf16
+    from carl.engine.vllm_env import has_cuda
+
+    return has_cuda() or native_bf16("cpu")
