@@ -192,10 +192,11 @@ def test_a_garbled_line_before_the_last_is_an_error_not_a_torn_line(tmp_path):
         read_jsonl(path)
 
 
-def test_engine_serve_passes_lora_and_route_recording_to_the_server(tmp_path, monkeypatch, capsys):
+def _fake_vllm_server(monkeypatch) -> list:
+    """`carl engine serve` with a VLLMServer that starts nothing and is never alive (the command
+    then returns 1); the list collects the ServerSpec of each start."""
     from carl.engine import vllm_server
 
-    (tmp_path / "config.json").write_text("{}")
     specs = []
 
     class Server:
@@ -216,6 +217,12 @@ def test_engine_serve_passes_lora_and_route_recording_to_the_server(tmp_path, mo
             pass
 
     monkeypatch.setattr(vllm_server, "VLLMServer", Server)
+    return specs
+
+
+def test_engine_serve_passes_lora_and_route_recording_to_the_server(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    specs = _fake_vllm_server(monkeypatch)
     assert main(["engine", "serve", "--model", str(tmp_path), "--lora-rank", "8", "--record-routes"]) == 1
     assert specs[0].lora_rank == 8 and specs[0].record_routes
     argv = specs[0].argv(Path("python"), 1)
@@ -227,29 +234,10 @@ def test_engine_serve_passes_lora_and_route_recording_to_the_server(tmp_path, mo
 def test_engine_serve_computes_in_the_dtype_carl_train_would(tmp_path, monkeypatch, capsys):
     """`--dtype auto` (the default): fp32 on a CPU without native bf16 (a bf16 server there prefilled
     4.6x slower, measured) and bf16 where it is native or on a GPU; an explicit dtype is kept."""
-    from carl.engine import hf, vllm_env, vllm_server
+    from carl.engine import hf, vllm_env
 
     (tmp_path / "config.json").write_text("{}")
-    specs = []
-
-    class Server:
-        def __init__(self, spec, log, max_restarts):
-            specs.append(spec)
-            self.url = "http://127.0.0.1:1"
-
-        def start(self):
-            pass
-
-        def alive(self):
-            return False
-
-        def tail(self):
-            return ""
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(vllm_server, "VLLMServer", Server)
+    specs = _fake_vllm_server(monkeypatch)
     serve = ["engine", "serve", "--model", str(tmp_path)]
     for cuda, native, asked, expected in [(False, False, [], "float32"), (False, True, [], "bfloat16"),
                                           (True, False, [], "bfloat16"),
