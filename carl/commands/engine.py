@@ -59,8 +59,9 @@ def _serve(args) -> int:
             raise UserError(f"--{name.replace('_', '-')}: got {getattr(args, name)}, expected a positive number")
     if args.lora_rank < 0:
         raise UserError(f"--lora-rank: got {args.lora_rank}, expected 0 (no LoRA) or the adapters' rank")
-    dtype = serve_dtype(args.dtype)
-    if dtype == "bfloat16" and not _native_bf16_here():
+    native = _native_bf16_here()
+    dtype = serve_dtype(args.dtype, native)
+    if dtype == "bfloat16" and not native:
         print("warning: --dtype bfloat16 on a CPU without native bf16 (no AMX or AVX512-BF16): prefill runs "
               "about 4.6x slower than --dtype float32 (docs/engine.md)")
     spec = ServerSpec(model=args.model, dtype=dtype, host=args.host, port=args.port, max_model_len=args.max_model_len,
@@ -78,15 +79,16 @@ def _serve(args) -> int:
         server.stop()
 
 
-def serve_dtype(dtype: str) -> str:
-    """The dtype a served model computes in: "auto" is bf16 on a GPU (vLLM's CUDA build) and, on a
-    CPU, `carl.engine.hf.auto_dtype`'s choice, the one `carl train` makes for model.dtype. Without
+def serve_dtype(dtype: str, native_bf16: bool) -> str:
+    """The dtype a served model computes in: "auto" is bf16 where the server's device computes it
+    natively (`_native_bf16_here`: a GPU, or a CPU with AMX or AVX512-BF16), else fp32, the choice
+    `carl train` makes for model.dtype (`carl.engine.hf.auto_dtype`). Without
     native bf16 a CPU server in bf16 prefilled 1,024 tokens of SmolLM2-135M in 12.6 s, in fp32 in
     2.7 s (2-core AVX2 Zen 3, 2026-12-06), and a trainer computing in fp32 would score tokens a bf16
     sampler drew."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if _native_bf16_here() else "float32"
+    return "bfloat16" if native_bf16 else "float32"
 
 
 def _native_bf16_here() -> bool:
