@@ -26,5 +26,11 @@ install: sysdeps $(VENV)/.installed vllm-env
 demo: install
 	$(VENV)/bin/carl train
 
+# pytest-xdist workers, one test file each at a time (a file's module fixtures, such as a vLLM server,
+# stay in one process), the files in the order tests/conftest.py gives them (heaviest first);
+# most tests wait on processes they start, so 3 workers keep 2 cores busier than 1. TEST_WORKERS=0
+# runs the suite in this one process.
+TEST_WORKERS ?= 3
+
 test: install
-	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=15
+	CARL_REQUIRE_VLLM=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15

@@ -18,6 +18,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="gpu: no CUDA device"))
         if "vllm" in item.keywords and not has_vllm:
             item.add_marker(pytest.mark.skip(reason="vllm: no vLLM environment (run `carl engine setup`)"))
+    heaviest_files_first(items)
+
+
+# What a test starts, in rough seconds on 2 cores; tests that start none count ~0.
+HEAVY = {"vllm": 20.0, "distributed": 20.0, "one_task": 10.0}
+
+
+def heaviest_files_first(items) -> None:
+    """Order the test files by what their tests start (a vLLM server, torch ranks, a tiny `carl
+    train` run), heaviest first; tests keep their order within a file. `make test` hands one file
+    at a time to each pytest-xdist worker in this order, so the long files start first instead of
+    one of them running alone at the end (longest-first list scheduling)."""
+    cost: dict[str, float] = {}
+    for item in items:
+        if item.get_closest_marker("skip"):
+            continue
+        c = sum(w for name, w in HEAVY.items() if item.get_closest_marker(name) or name in item.fixturenames)
+        cost[item.nodeid.split("::")[0]] = cost.get(item.nodeid.split("::")[0], 0.0) + c
+    items.sort(key=lambda item: -cost.get(item.nodeid.split("::")[0], 0.0))  # stable: ties keep their order
 
 
 @pytest.fixture(scope="session")
