@@ -30,13 +30,15 @@ def heaviest_files_first(items) -> None:
     train` run), heaviest first; tests keep their order within a file. `make test` hands one file
     at a time to each pytest-xdist worker in this order, so the long files start first instead of
     one of them running alone at the end (longest-first list scheduling)."""
+    def file_of(item) -> str:
+        return item.nodeid.split("::")[0]
+
     cost: dict[str, float] = {}
     for item in items:
-        if item.get_closest_marker("skip"):
-            continue
-        c = sum(w for name, w in HEAVY.items() if item.get_closest_marker(name) or name in item.fixturenames)
-        cost[item.nodeid.split("::")[0]] = cost.get(item.nodeid.split("::")[0], 0.0) + c
-    items.sort(key=lambda item: -cost.get(item.nodeid.split("::")[0], 0.0))  # stable: ties keep their order
+        if not item.get_closest_marker("skip"):
+            c = sum(w for name, w in HEAVY.items() if item.get_closest_marker(name) or name in item.fixturenames)
+            cost[file_of(item)] = cost.get(file_of(item), 0.0) + c
+    items.sort(key=lambda item: -cost.get(file_of(item), 0.0))  # stable: ties keep their order
 
 
 @pytest.fixture(scope="session")
