@@ -148,7 +148,8 @@ def test_ray_actors_score_exactly_as_the_threads_did(suite, endpoint, ran, tmp_p
         raise AssertionError("--ray ran the samples in this process")
 
     monkeypatch.setattr(carl.eval.bench, "run_samples", no_threads)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # a cluster of its own: a bare ray.init() joins the one another test's ray.cluster_utils.Cluster announces
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     endpoint.starts.clear()
     out = tmp_path / "ray.json"
     try:
@@ -250,7 +251,7 @@ def test_grading_on_ray_actors_scores_the_same(suite, tmp_path, monkeypatch):
         raise AssertionError("--ray graded in this process")
 
     monkeypatch.setattr(carl.eval.grade, "grade_prediction", no_local_grades)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         _grade_hand_made(suite, tmp_path, "--ray", "--ray-actors", "2")
     finally:

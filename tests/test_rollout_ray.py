@@ -40,7 +40,8 @@ def world(tmp_path_factory):
     spec = EpisodeSpec(tasks, EpisodeLimits(max_turns=2, max_new_tokens=16, context_budget_tokens=4096),
                        ("read_file", "finish"), SandboxConfig(backend="local"), MonitorConfig(), ShapingConfig(),
                        engine.url, str(model), 4096, 0, SamplingParams(1.0))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # a cluster of its own: a bare ray.init() joins the one another test's ray.cluster_utils.Cluster announces
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     workers = RayWorkers(spec, actors=2, per_actor=2, cpus_per_actor=0.5)
     store = WeightStore(root / "weights", torch.float32)
     trainer = load_model(model, torch.float32)[1]
