@@ -23,7 +23,7 @@ What a command inside sees and may do (the same as bwrap's, carl.sandbox.bwrap):
   there), no core files; and, where the host can make cgroups (carl.sandbox.cgroup), a memory
   limit and a CPU quota (config.cpus) for the container as a whole (Sentry, Gofer and the
   agent's processes): the Sentry reports memory_mb as MemTotal, and going past it gets the whole
-  container OOM-killed by the host (exit code 137, every process of the exec dies, and stderr
+  container OOM-killed by the host (exit code 137 whatever runsc returned, every process of the exec dies, and stderr
   ends with a line saying so, since no shell is left to print bash's "Killed");
 - a wall-clock limit: killing `runsc run` kills its attached Sentry and Gofer, and `runsc delete
   --force` removes what is left. When the command ends the container ends, background children
@@ -82,6 +82,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Self
 
@@ -90,7 +91,7 @@ from carl.sandbox.base import ExecResult, FileEntry, SandboxConfig, SandboxError
 from carl.sandbox.bwrap import STARTED_MARK, SYSTEM_LINKS, WORKDIR
 from carl.sandbox.cgroup import SandboxCgroup
 from carl.sandbox.host import ETC_FILES, GENERATED_ETC, HOSTNAME, HostSide, read_only_paths, sandbox_env, under
-from carl.sandbox.process import kill_group, run_process
+from carl.sandbox.process import OOM_EXIT_CODE, kill_group, run_process
 
 _NO_PIDS_LIMIT = 1 << 22
 """The kernel's largest pid_max: no host pids limit (the Sentry's host threads are not the agent's
@@ -204,17 +205,7 @@ class GvisorSandbox:
             # The mark is printed by the container's first process before the command runs, so a
             # command cannot fake an infrastructure failure (which would mask its own reward).
             raise SandboxError(f"runsc could not start the container: {res.stderr.strip()[-2000:]}")
-        stderr = res.stderr
-        if oom_killed and not res.timed_out:  # no shell is left to say so, as bash does under bwrap
-            stderr += f"Killed: the command's processes together went over memory_mb ({cfg.memory_mb} MiB)\n"
-        return ExecResult(
-            exit_code=res.exit_code,
-            stdout=res.stdout[len(STARTED_MARK) :],
-            stderr=stderr,
-            timed_out=res.timed_out,
-            duration_s=res.duration_s,
-            truncated=res.truncated,
-        )
+        return container_result(res, oom_killed=oom_killed, memory_mb=cfg.memory_mb)
 
     def read_file(self, path: str) -> bytes:
         self._check_open()
@@ -343,3 +334,19 @@ class GvisorSandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("sandbox is closed")
+
+
+def container_result(res: ExecResult, *, oom_killed: bool, memory_mb: int) -> ExecResult:
+    """What an exec returns, from what `runsc run` returned (its stdout starts with the mark).
+
+    On an OOM kill of the container's group the host kills one of its processes (a ptrace stub
+    holding guest memory, by dmesg) and runsc ends the container, mostly with exit code 137; under
+    load CI saw 2 instead (a Go runtime's fatal error: the Sentry's, under the same memory
+    pressure). Either way the command was killed for memory, and it says so as bash does.
+    """
+    stderr, exit_code = res.stderr, res.exit_code
+    if oom_killed and not res.timed_out:  # no shell is left to print "Killed", as bash does under bwrap
+        stderr += f"Killed: the command's processes together went over memory_mb ({memory_mb} MiB)\n"
+        if exit_code != 0:  # a command that still exited 0 keeps its 0
+            exit_code = OOM_EXIT_CODE
+    return replace(res, exit_code=exit_code, stdout=res.stdout[len(STARTED_MARK) :], stderr=stderr)

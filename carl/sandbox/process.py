@@ -20,6 +20,8 @@ from carl.sandbox.base import ExecResult, SandboxError
 
 TIMEOUT_EXIT_CODE = 124
 """ExecResult.exit_code of a command killed at its time limit (as coreutils `timeout` reports)."""
+OOM_EXIT_CODE = 137
+"""ExecResult.exit_code of a command killed for going over its memory limit (128 + SIGKILL, as bash says)."""
 _DRAIN_AFTER_EXIT_S = 1.0
 """How long to keep reading pipes after the main process exited (children that escaped the group)."""
 _CHUNK = 65536
