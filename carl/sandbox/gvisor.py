@@ -23,8 +23,9 @@ What a command inside sees and may do (the same as bwrap's, carl.sandbox.bwrap):
   there), no core files; and, where the host can make cgroups (carl.sandbox.cgroup), a memory
   limit and a CPU quota (config.cpus) for the container as a whole (Sentry, Gofer and the
   agent's processes): the Sentry reports memory_mb as MemTotal, and going past it gets the whole
-  container OOM-killed by the host (exit code 137 whatever runsc returned, every process of the exec dies, and stderr
-  ends with a line saying so, since no shell is left to print bash's "Killed");
+  container OOM-killed by the host (exit code 137 whatever runsc returned, every process of the
+  exec dies, and stderr ends with a line saying so, since no shell is left to print bash's
+  "Killed");
 - a wall-clock limit: killing `runsc run` kills its attached Sentry and Gofer, and `runsc delete
   --force` removes what is left. When the command ends the container ends, background children
   included, so nothing runs between two execs. `runsc run` dies with the host process too (a
