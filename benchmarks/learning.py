@@ -59,6 +59,11 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     "grpo+errcost+finish": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.require_finish=true"],
     # episodes that end without finish are left out of training instead of scored (DAPO's overlong filtering)
     "grpo+errcost+mask": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.mask_unfinished=true"],
+    # the cost only where some rollout of the group passed: all-fail groups carry no advantage
+    "grpo+errcost+needspass": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.cost_needs_pass=true"],
+    # ... and a budget its 5 steps never reach (5 x 3 batches of 8 = 120): dynamic sampling's all-fail batches free
+    "grpo+errcost+needspass+r128": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.cost_needs_pass=true",
+                                    "rl.max_rollouts=128"],
     "grpo+kl": ["rl.sd_weight=0", "shaping.tool_error_cost=0", "rl.kl_coef=0.1"],
     "grpo+errcost+kl": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0"],
     "grpo+errcost+kl+12steps": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12"],

@@ -106,6 +106,9 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
     assert rewards(ExpertMistakes(), 0.1) == (1.0, 0)
     reward, errors = rewards(ExpertMistakes(bad_call=1.0), 0.1)
     assert errors == 1 and reward == pytest.approx(0.9)
+    (group,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes(bad_call=1.0)), [task], 1, limits, tools,
+                              sandbox, shaping=ShapingConfig(tool_error_cost=0.1))
+    assert group[0].penalty == pytest.approx(0.1)  # what shape_group gives back where nothing passed
     assert rewards(ExpertMistakes(bad_call=1.0), 0.0) == (1.0, 1)  # the default charges nothing
 
     (cut,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes()), [task], 1, EpisodeLimits(max_turns=1),
@@ -181,3 +184,44 @@ def test_the_expert_solves_reading_tasks_and_reads_the_settings_module_they_need
         reads = [c.params["path"] for turn in r.trajectory.turns for c in turn.calls if c.name == "read_file"]
         reads_settings = any(p.endswith("/settings.py") for p in reads)
         assert reads_settings == ("settings." in r.task.patch), (r.task.instance_id, reads)
+
+
+def test_cost_needs_pass_gives_the_cost_back_only_in_a_group_where_nothing_passed():
+    """With shaping.cost_needs_pass, a group of failures that differ only in failed calls carries no
+    advantage (calling fewer tools is not rewarded where nothing passed); a group with a pass keeps
+    the cost, and an invalid or untrained pass does not count as one."""
+    import torch
+    from train_fakes import token_rollout
+
+    from carl.rl.advantages import group_advantages
+    from carl.rollout.rollout import shape_group
+
+    seq = ([1, 2, 3], [False, True, True])
+
+    def ro(reward, penalty, passed=False, **kw):
+        return dataclasses.replace(token_rollout(*seq, reward=reward), penalty=penalty, passed=passed, **kw)
+
+    def advantages(group):
+        rewards_G = torch.tensor([r.reward for r in group])
+        return group_advantages(rewards_G, torch.tensor([r.valid and r.trained for r in group])).tolist()
+
+    all_fail = [ro(0.0, 0.0), ro(-0.2, 0.2), ro(-0.5, 0.5)]
+    on = ShapingConfig(tool_error_cost=0.1, cost_needs_pass=True)
+    assert advantages(all_fail) != [0.0, 0.0, 0.0]  # the cost alone makes a signal ...
+    shaped = shape_group(all_fail, on)
+    assert [r.reward for r in shaped] == [0.0, 0.0, 0.0] and advantages(shaped) == [0.0, 0.0, 0.0]  # ... not with it
+    assert [r.reward for r in shape_group(all_fail, ShapingConfig(tool_error_cost=0.1))] == [0.0, -0.2, -0.5]
+
+    mixed = [ro(0.9, 0.1, passed=True), ro(-0.2, 0.2), ro(0.0, 0.0)]
+    assert [r.reward for r in shape_group(mixed, on)] == [0.9, -0.2, 0.0]  # a pass: the cost stays
+    masked_pass = [ro(0.9, 0.1, passed=True, trained=False), ro(-0.2, 0.2)]
+    assert [r.reward for r in shape_group(masked_pass, on)] == [1.0, 0.0]
+    invalid_pass = [ro(0.9, 0.1, passed=True, valid=False), ro(-0.2, 0.2)]
+    assert [r.reward for r in shape_group(invalid_pass, on)] == [1.0, 0.0]
+
+
+def test_group_rewards_wants_one_penalty_and_outcome_per_reward():
+    from carl.rewards.shaping import group_rewards
+
+    with pytest.raises(ValueError, match="2 rewards, 1 penalties and 2 outcomes"):
+        group_rewards([0.0, -0.1], [0.1], [False, False], ShapingConfig(cost_needs_pass=True))

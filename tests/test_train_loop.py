@@ -288,11 +288,13 @@ def test_branch_from_and_extend_are_train_options(tmp_path, finished, capsys):
     cfg, _, first = finished
     save_config(cfg, tmp_path / "cfg.toml")
     branch = tmp_path / "branch"
-    args = ["train", str(tmp_path / "cfg.toml"), f"run_dir={branch}", "rl.lr=5e-5", "--branch-from", f"{first}:0"]
+    args = ["train", str(tmp_path / "cfg.toml"), f"run_dir={branch}", "rl.lr=5e-5", "shaping.cost_needs_pass=true",
+            "--branch-from", f"{first}:0"]
     assert main(args) == 0
     rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
     assert not any("loss/sft" in r for r in rows[len([r for r in rows if r["step"] <= 0]):])  # no new warm start
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]
+    assert "cost_needs_pass = true" in (branch / "config.toml").read_text()  # a shaping option a branch may change
     assert (branch / "eval" / "step000000.json").read_bytes() == (first / "eval" / "step000000.json").read_bytes()
     assert main(["train", str(branch / "config.toml"), "rl.steps=2", "--extend"]) == 0
     rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]

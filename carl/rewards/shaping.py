@@ -5,6 +5,9 @@
     else                           -> the test reward after the monitor's action
     minus tool_error_cost per failed tool call, at most MAX_TOOL_ERROR_PENALTY in all
 
+    cost_needs_pass, a group where no rollout passed -> the cost is given back (group_rewards):
+                                       all-fail groups then carry no advantage at all
+
     mask_unfinished, no finish call -> scored as above, but kept out of its group's baseline and
                                        the loss (`trained`): nothing an unfinished episode did is
                                        reinforced or punished
@@ -40,6 +43,13 @@ class ShapingConfig:
     outcome still count in the metrics and in evaluation. A policy can use it: a failing episode
     that never calls finish escapes the negative advantage a finished one gets (measured in
     docs/training.md, "Finishing"; off by default)."""
+    cost_needs_pass: bool = False
+    """Charge tool_error_cost only in a group where some rollout passed. In a group where all
+    failed the cost is then the only difference between rollouts, and what lowers it is calling
+    fewer tools: in one run of the embedded default (fp32 seed 8) whose RL batches almost never
+    passed, tool calls per episode fell 4.46 -> 2.12 over four steps and held-out episodes that
+    call finish rose 0.28 -> 0.90, while pass@1 went 0.060 -> 0.020 (docs/training.md). With it,
+    such a group has no advantage, and dynamic sampling looks further for one that does."""
 
     def __post_init__(self) -> None:
         if self.tool_error_cost < 0:
@@ -54,6 +64,18 @@ def tool_error_penalty(num_tool_errors: int, cost_per_error: float) -> float:
     if cost_per_error < 0:
         raise ValueError(f"cost_per_error: got {cost_per_error}, expected >= 0")
     return min(cost_per_error * num_tool_errors, MAX_TOOL_ERROR_PENALTY)
+
+
+def group_rewards(rewards: list[float], penalties: list[float], passed: list[bool],
+                  config: ShapingConfig) -> list[float]:
+    """The training rewards of one group: `rewards` (penalties already subtracted) with each
+    rollout's tool-error penalty given back when cost_needs_pass is set and none of the group passed."""
+    if not (len(rewards) == len(penalties) == len(passed)):
+        raise ValueError(f"group_rewards: got {len(rewards)} rewards, {len(penalties)} penalties and "
+                         f"{len(passed)} outcomes, expected one of each per rollout")
+    if not config.cost_needs_pass or any(passed):
+        return list(rewards)
+    return [r + p for r, p in zip(rewards, penalties)]
 
 
 def trained(trajectory: Trajectory, config: ShapingConfig) -> bool:

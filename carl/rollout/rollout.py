@@ -24,7 +24,7 @@ from typing import Any
 from carl.harness.agent import EpisodeLimits, run_episode
 from carl.harness.tools.base import Tool
 from carl.rewards.episode import reward_from_trajectory
-from carl.rewards.shaping import ShapingConfig, trained, training_reward
+from carl.rewards.shaping import ShapingConfig, group_rewards, tool_error_penalty, trained, training_reward
 from carl.rewards.monitor import MonitorConfig
 from carl.rewards.reward import RewardConfig
 from carl.sandbox import open_sandbox
@@ -40,6 +40,9 @@ class Rollout:
     reward: float = 0.0
     """The training reward: the test reward after the monitor's action, minus the tool-error
     penalty when a cost is set (`passed` is the outcome)."""
+    penalty: float = 0.0
+    """The tool-error penalty included in `reward` (given back by `shape_group` when
+    shaping.cost_needs_pass is set and nothing in the group passed)."""
     valid: bool = True
     """False for infrastructure failures: masked out of advantages and losses."""
     trained: bool = True
@@ -116,6 +119,7 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         task=task,
         trajectory=traj,
         reward=shaped,
+        penalty=0.0 if r.infra_failure else tool_error_penalty(traj.num_tool_errors, shaping.tool_error_cost),
         valid=not r.infra_failure,
         trained=trained(traj, shaping),
         passed=passed,
@@ -143,6 +147,16 @@ def require_valid(rollouts: list[Rollout], what: str) -> None:
         lines = "\n".join(f"  {n}x {e}" for e, n in errors.most_common(3))
         raise RuntimeError(f"{what}: all {len(rollouts)} episodes failed in the infrastructure (sandbox, policy "
                            f"or reward), so none can be scored. Their errors:\n{lines}")
+
+
+def shape_group(group: list[Rollout], shaping: ShapingConfig) -> list[Rollout]:
+    """The group with the group-level part of shaping applied (`group_rewards`: with
+    cost_needs_pass, no tool-error cost where none of the valid, trained rollouts passed)."""
+    counted = [r.valid and r.trained for r in group]
+    rewards = group_rewards([r.reward for r in group], [r.penalty for r in group],
+                            [r.passed and c for r, c in zip(group, counted)], shaping)
+    return [r if new == r.reward else dataclasses.replace(r, reward=new, penalty=0.0)
+            for r, new in zip(group, rewards)]
 
 
 def has_signal(group: list[Rollout]) -> bool:

@@ -56,7 +56,7 @@ from carl.train.state import RunState
 from carl.train.trainer import Trainer, follow
 from carl.rewards.reward import RewardConfig
 from carl.rollout.orchestrator import Orchestrator
-from carl.rollout.rollout import require_valid, rollout_metrics, run_rollout
+from carl.rollout.rollout import require_valid, rollout_metrics, run_rollout, shape_group
 from carl.rollout.workers import EpisodeSpec, RayWorkers, ThreadWorkers
 from carl.train.warm_start import expert_rollouts, sft_batches
 
@@ -226,7 +226,7 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
             step, t0 = state.rl_step, time.monotonic()
             label = step_label(cfg, state, step + 1)
             taken = orchestrator.take(step, budget_batches(cfg, state))
-            groups = [g.rollouts for g in taken.groups]
+            groups = [shape_group(g.rollouts, cfg.shaping) for g in taken.groups]
             require_valid([r for g in groups for r in g], f"RL step {step + 1}")
             t_rollout = time.monotonic() - t0
             metrics = trainer.rl_step(groups, token_normalizer, tuple(tools), pad_id)
