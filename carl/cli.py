@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as e:
+    except Exception as e:  # an OSError, or a library's own error for it (safetensors' SafetensorError)
         from carl.errors import is_disk_full
 
         if not is_disk_full(e):
@@ -91,14 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def disk_full_message(e: OSError) -> str:
+def disk_full_message(e: BaseException) -> str:
     """A full disk (or quota) in any command, in a sentence: where, how much is free, what to do.
     Nothing carl keeps is left half-written by it (atomic writes; a torn JSONL line is dropped on
     read), and runs resume from their last complete checkpoint."""
     import os
     import shutil
 
-    name = e.filename if isinstance(e.filename, str) else ""
+    name = getattr(e, "filename", None)
+    name = name if isinstance(name, str) else ""
     where = os.path.dirname(os.path.abspath(name)) if name else os.getcwd()
     while not os.path.isdir(where):  # the file's folder may not exist yet; "/" always does
         where = os.path.dirname(where)

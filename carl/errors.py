@@ -9,8 +9,10 @@ class UserError(Exception):
     """
 
 
-def is_disk_full(e: OSError) -> bool:
-    """The device (or the user's quota) is full. safetensors' errors carry no errno, only the text."""
+def is_disk_full(e: BaseException) -> bool:
+    """The device (or the user's quota) is full: an OSError's errno, or the text of an error that
+    carries none (safetensors raises SafetensorError, not an OSError: "Error while serializing: I/O
+    error: No space left on device (os error 28)")."""
     import errno
 
-    return e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
+    return getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from safetensors import SafetensorError
 
 from carl.cli import main
 from carl.io import append_jsonl, read_jsonl
@@ -274,7 +275,8 @@ def test_every_command_group_module_exists_and_registers_its_commands():
 
 
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device", "/nonexistent/run/metrics.jsonl"),
-                                   OSError("I/O error: No space left on device (os error 28)")])
+                                   OSError("I/O error: No space left on device (os error 28)"),
+                                   SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")])
 def test_a_full_disk_in_any_command_is_one_line_naming_where(error, monkeypatch, capsys):
     """ENOSPC anywhere (not only while a checkpoint is written) ends the command with one line: where,
     how much is free, and that rerunning resumes; any other OSError stays a traceback (a bug)."""
@@ -285,7 +287,7 @@ def test_a_full_disk_in_any_command_is_one_line_naming_where(error, monkeypatch,
     assert main(["fill"]) == 1
     line = _one_line_error(capsys)
     assert line.startswith("carl: no space left on the device") and "GB free now" in line and "run the same command" in line
-    if error.filename:
+    if getattr(error, "filename", None):
         assert "writing /nonexistent/run/metrics.jsonl" in line
 
     monkeypatch.setattr("carl.cli.build_parser", _parser_with(lambda args: (_ for _ in ()).throw(OSError(5, "EIO"))))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors import SafetensorError
 import torch
 from tiny_hf import save_tiny_model
 from train_fakes import token_rollout
@@ -115,9 +116,10 @@ def test_a_crash_mid_checkpoint_is_ignored_and_old_checkpoints_are_pruned(tmp_pa
 
 
 @pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
-                                   OSError("Error while serializing: I/O error: No space left on device (os error 28)")])
+                                   SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")])
 def test_a_full_disk_mid_checkpoint_says_what_to_do_and_removes_the_partial_one(tmp_path, tiny_dir, monkeypatch, error):
-    """The second error is how safetensors reports it (no errno): seen when a run filled the disk."""
+    """The second error is how safetensors reports it (its own exception class, not an OSError, no
+    errno): what a run that filled the disk raised on 2026-12-06, as a bare traceback before."""
     from carl.errors import UserError
 
     tokenizer, model, optimizer, scheduler = _trainer(tiny_dir)

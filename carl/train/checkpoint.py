@@ -64,7 +64,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
             },
             tmp / "trainer.pt",
         )
-    except OSError as e:
+    except Exception as e:  # OSError, or safetensors' own SafetensorError (not an OSError)
         if not is_disk_full(e):
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: give its space back at once
