@@ -61,3 +61,19 @@ for seed in SEEDS:
 
         print(f"| {seed} | {arm} | {int(rows[-1]['rl/rollouts_total'])}: {by_step('rl/pass_rate')} | "
               f"{by_step('rl/tool_calls_per_episode')} | {by_step('rl/tool_error_rate')} | {f0:.2f} -> {f1:.2f} |")
+
+# A probe, not an arm over seeds: needspass with a budget its 5 steps never reach (rl.max_rollouts=128),
+# on the weak seeds only. Seed 8 finished; seed 9 was stopped after its RL step 2 (no run dir kept).
+print("\nneedspass + rl.max_rollouts=128 (probe on the weak seeds):")
+for seed in SEEDS:
+    run = HERE / f"seed{seed}_grpo+errcost+needspass+r128"
+    if not (run / "report.json").exists():
+        continue
+    d, se_t, rollouts = gains.gain(run)
+    rows = rl_rows(run)
+    f0, f1 = finish(run)
+    print(f"seed {seed}: {rollouts[-1]} rollouts in {len(rollouts)} steps (pass rate by step "
+          f"{', '.join(format(r['rl/pass_rate'], '.2f') for r in rows)}); warm {d.pass_a:.3f} -> RL {d.pass_b:.3f}, "
+          f"{d.diff:+.3f} ± {se_t:.3f} over tasks ({d.diff / se_t:.1f} s.e.; samples' luck {d.se_paired:.3f}), "
+          f"tasks better / worse {d.tasks_better} / {d.tasks_worse}; held-out finish {f0:.2f} -> {f1:.2f}; "
+          f"after RL vs needspass at 64: {d.pass_b - after[ARMS[1]][seed]:+.3f}")
