@@ -106,9 +106,6 @@ def test_a_failed_tool_call_costs_reward_but_not_the_pass(tmp_path):
     assert rewards(ExpertMistakes(), 0.1) == (1.0, 0)
     reward, errors = rewards(ExpertMistakes(bad_call=1.0), 0.1)
     assert errors == 1 and reward == pytest.approx(0.9)
-    (group,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes(bad_call=1.0)), [task], 1, limits, tools,
-                              sandbox, shaping=ShapingConfig(tool_error_cost=0.1))
-    assert group[0].penalty == pytest.approx(0.1)  # what shape_group gives back where nothing passed
     assert rewards(ExpertMistakes(bad_call=1.0), 0.0) == (1.0, 1)  # the default charges nothing
 
     (cut,) = collect_groups(lambda t, j: ExpertPolicy(task, ExpertMistakes()), [task], 1, EpisodeLimits(max_turns=1),
@@ -195,29 +192,33 @@ def test_cost_needs_pass_gives_the_cost_back_only_in_a_group_where_nothing_passe
 
     from carl.rl.advantages import group_advantages
     from carl.rollout.rollout import shape_group
+    from carl.types import ToolError, ToolResult, Turn
 
     seq = ([1, 2, 3], [False, True, True])
 
-    def ro(reward, penalty, passed=False, **kw):
-        return dataclasses.replace(token_rollout(*seq, reward=reward), penalty=penalty, passed=passed, **kw)
+    def ro(reward, failed_calls, passed=False, **kw):
+        r = dataclasses.replace(token_rollout(*seq, reward=reward), passed=passed, **kw)
+        bad = ToolResult("open_file", "", ok=False, error=ToolError("unknown_tool", "unknown tool 'open_file'"))
+        r.trajectory.turns = [Turn(assistant="", calls=[], errors=[], results=[bad]) for _ in range(failed_calls)]
+        return r
 
     def advantages(group):
         rewards_G = torch.tensor([r.reward for r in group])
         return group_advantages(rewards_G, torch.tensor([r.valid and r.trained for r in group])).tolist()
 
-    all_fail = [ro(0.0, 0.0), ro(-0.2, 0.2), ro(-0.5, 0.5)]
+    all_fail = [ro(0.0, 0), ro(-0.2, 2), ro(-0.5, 7)]  # the penalty is capped at 0.5
     on = ShapingConfig(tool_error_cost=0.1, cost_needs_pass=True)
     assert advantages(all_fail) != [0.0, 0.0, 0.0]  # the cost alone makes a signal ...
     shaped = shape_group(all_fail, on)
     assert [r.reward for r in shaped] == [0.0, 0.0, 0.0] and advantages(shaped) == [0.0, 0.0, 0.0]  # ... not with it
     assert [r.reward for r in shape_group(all_fail, ShapingConfig(tool_error_cost=0.1))] == [0.0, -0.2, -0.5]
 
-    mixed = [ro(0.9, 0.1, passed=True), ro(-0.2, 0.2), ro(0.0, 0.0)]
+    mixed = [ro(0.9, 1, passed=True), ro(-0.2, 2), ro(0.0, 0)]
     assert [r.reward for r in shape_group(mixed, on)] == [0.9, -0.2, 0.0]  # a pass: the cost stays
-    masked_pass = [ro(0.9, 0.1, passed=True, trained=False), ro(-0.2, 0.2)]
+    masked_pass = [ro(0.9, 1, passed=True, trained=False), ro(-0.2, 2)]
     assert [r.reward for r in shape_group(masked_pass, on)] == [1.0, 0.0]
-    invalid_pass = [ro(0.9, 0.1, passed=True, valid=False), ro(-0.2, 0.2)]
-    assert [r.reward for r in shape_group(invalid_pass, on)] == [1.0, 0.0]
+    invalid_pass = [ro(0.0, 1, passed=True, valid=False), ro(-0.2, 2)]  # an invalid rollout scores 0, no penalty
+    assert [r.reward for r in shape_group(invalid_pass, on)] == [0.0, 0.0]
 
 
 def test_group_rewards_wants_one_penalty_and_outcome_per_reward():

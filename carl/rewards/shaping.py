@@ -71,8 +71,9 @@ def tool_error_penalty(num_tool_errors: int, cost_per_error: float) -> float:
 
 def group_rewards(rewards: list[float], penalties: list[float], passed: list[bool],
                   config: ShapingConfig) -> list[float]:
-    """The training rewards of one group: `rewards` (penalties already subtracted) with each
-    rollout's tool-error penalty given back when cost_needs_pass is set and none of the group passed."""
+    """The training rewards of one group: `rewards` (each rollout's tool-error penalty already
+    subtracted, `penalties`) with the penalties given back when cost_needs_pass is set and none of
+    the group passed."""
     if not (len(rewards) == len(penalties) == len(passed)):
         raise ValueError(f"group_rewards: got {len(rewards)} rewards, {len(penalties)} penalties and "
                          f"{len(passed)} outcomes, expected one of each per rollout")

@@ -40,9 +40,6 @@ class Rollout:
     reward: float = 0.0
     """The training reward: the test reward after the monitor's action, minus the tool-error
     penalty when a cost is set (`passed` is the outcome)."""
-    penalty: float = 0.0
-    """The tool-error penalty included in `reward` (given back by `shape_group` when
-    shaping.cost_needs_pass is set and nothing in the group passed)."""
     valid: bool = True
     """False for infrastructure failures: masked out of advantages and losses."""
     trained: bool = True
@@ -119,7 +116,6 @@ def run_rollout(policy: Any, task: TaskRecord, limits: EpisodeLimits, tools: dic
         task=task,
         trajectory=traj,
         reward=shaped,
-        penalty=0.0 if r.infra_failure else tool_error_penalty(traj.num_tool_errors, shaping.tool_error_cost),
         valid=not r.infra_failure,
         trained=trained(traj, shaping),
         passed=passed,
@@ -151,12 +147,13 @@ def require_valid(rollouts: list[Rollout], what: str) -> None:
 
 def shape_group(group: list[Rollout], shaping: ShapingConfig) -> list[Rollout]:
     """The group with the group-level part of shaping applied (`group_rewards`: with
-    cost_needs_pass, no tool-error cost where none of the valid, trained rollouts passed)."""
-    counted = [r.valid and r.trained for r in group]
-    rewards = group_rewards([r.reward for r in group], [r.penalty for r in group],
-                            [r.passed and c for r, c in zip(group, counted)], shaping)
-    return [r if new == r.reward else dataclasses.replace(r, reward=new, penalty=0.0)
-            for r, new in zip(group, rewards)]
+    cost_needs_pass, each valid rollout's tool-error penalty, which its reward includes, is given
+    back where none of the valid, trained rollouts passed)."""
+    penalties = [tool_error_penalty(r.trajectory.num_tool_errors, shaping.tool_error_cost) if r.valid else 0.0
+                 for r in group]
+    rewards = group_rewards([r.reward for r in group], penalties,
+                            [r.passed and r.valid and r.trained for r in group], shaping)
+    return [r if new == r.reward else dataclasses.replace(r, reward=new) for r, new in zip(group, rewards)]
 
 
 def has_signal(group: list[Rollout]) -> bool:
