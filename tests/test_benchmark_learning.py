@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from benchmark_modules import load
+from carl.config import load_config
 from carl.errors import UserError
+from carl.train.config import TrainConfig
 from carl.train.state import branch_task_files
 
 learning = load("learning")
@@ -276,3 +278,9 @@ def test_keep_copies_what_the_summary_reads_and_no_checkpoint(tmp_path):
         "seed3_grpo/eval/step000005.json", "seed3_grpo/metrics.jsonl", "seed3_grpo/report.json",
         "seed3_grpo/time.json"]
     assert learning.run_result(dest / "seed3_grpo", 3) == learning.run_result(run, 3)  # the summary's input, kept
+
+
+@pytest.mark.parametrize("arm", sorted(learning.ARMS))
+def test_every_arm_is_a_valid_config(arm):
+    # a misspelt key or a bad value in an arm fails here, not after a warm start of 20 minutes
+    load_config(TrainConfig, None, learning.ARMS[arm])
