@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from benchmark_modules import load
-from carl.config import load_config
+from carl.config import load_config, save_config
 from carl.errors import UserError
 from carl.train.config import TrainConfig
 from carl.train.state import branch_task_files
@@ -124,8 +124,6 @@ def test_an_arm_branches_from_the_first_arms_warm_start(tmp_path, with_eval):
 
 
 def test_an_arm_with_other_eval_settings_evaluates_the_warm_start_again(tmp_path):
-    from carl.config import load_config, save_config
-    from carl.train.config import TrainConfig
     from carl.train.state import warm_eval_changes
 
     first, arm = tmp_path / "seed0_grpo", tmp_path / "seed0_truncate"
