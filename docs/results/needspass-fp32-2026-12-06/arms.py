@@ -1,7 +1,8 @@
-"""shaping.cost_needs_pass (no tool-error cost in a group where nothing passed) against the default
-(grpo+errcost), both branched from the same fp32 warm starts of seeds 5-9 (same RL and held-out
+"""shaping.cost_needs_pass (no tool-error cost in a group where nothing passed), alone and with a
+rollout budget its 5 steps never reach (rl.max_rollouts=128: r128), against the default
+(grpo+errcost), all branched from the same fp32 warm starts of seeds 5-9 (same RL and held-out
 tasks), recomputed from the kept per-sample evals: each arm's RL - warm start with its standard
-error over tasks, then needspass - default after RL, paired by seed, and what the RL rollouts and
+error over tasks, then each arm - default after RL, paired by seed, and what the RL rollouts and
 held-out episodes did (tool calls, failed calls, finish). Run from the repository root:
     .venv/bin/python docs/results/needspass-fp32-2026-12-06/arms.py
 """
@@ -13,7 +14,7 @@ from carl.eval.seeds import seed_spread
 
 HERE = Path(__file__).parent
 SEEDS = (5, 6, 7, 8, 9)
-ARMS = ("grpo+errcost", "grpo+errcost+needspass")
+ARMS = ("grpo+errcost", "grpo+errcost+needspass", "grpo+errcost+needspass+r128")
 
 spec = importlib.util.spec_from_file_location("gains", HERE.parent / "two-rules-2026-12-05" / "gains.py")
 gains = importlib.util.module_from_spec(spec)
@@ -27,12 +28,12 @@ for arm in ARMS:
         d, _, _ = gains.gain(HERE / f"seed{seed}_{arm}")
         after[arm][seed] = d.pass_b
 
-diff = [after[ARMS[1]][s] - after[ARMS[0]][s] for s in SEEDS]
-s = seed_spread(diff)
-print(f"\nneedspass - default after RL (same warm start and tasks), seeds {SEEDS}: "
-      f"{', '.join(f'{x:+.3f}' for x in diff)}; mean {s.mean:+.3f}, sample sd {s.sd:.3f}, "
-      f"95% t-interval {s.low:+.3f} to {s.high:+.3f}")
-
+for arm in ARMS[1:]:
+    diff = [after[arm][s] - after[ARMS[0]][s] for s in SEEDS]
+    s = seed_spread(diff)
+    print(f"\n{arm} - default after RL (same warm start and tasks), seeds {SEEDS}: "
+          f"{', '.join(f'{x:+.3f}' for x in diff)}; mean {s.mean:+.3f}, sample sd {s.sd:.3f}, "
+          f"95% t-interval {s.low:+.3f} to {s.high:+.3f}")
 
 def rl_rows(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -61,19 +62,3 @@ for seed in SEEDS:
 
         print(f"| {seed} | {arm} | {int(rows[-1]['rl/rollouts_total'])}: {by_step('rl/pass_rate')} | "
               f"{by_step('rl/tool_calls_per_episode')} | {by_step('rl/tool_error_rate')} | {f0:.2f} -> {f1:.2f} |")
-
-# A probe, not an arm over seeds: needspass with a budget its 5 steps never reach (rl.max_rollouts=128),
-# on the weak seeds only. Seed 8 finished; seed 9 was stopped after its RL step 2 (no run dir kept).
-print("\nneedspass + rl.max_rollouts=128 (probe on the weak seeds):")
-for seed in SEEDS:
-    run = HERE / f"seed{seed}_grpo+errcost+needspass+r128"
-    if not (run / "report.json").exists():
-        continue
-    d, se_t, rollouts = gains.gain(run)
-    rows = rl_rows(run)
-    f0, f1 = finish(run)
-    print(f"seed {seed}: {rollouts[-1]} rollouts in {len(rollouts)} steps (pass rate by step "
-          f"{', '.join(format(r['rl/pass_rate'], '.2f') for r in rows)}); warm {d.pass_a:.3f} -> RL {d.pass_b:.3f}, "
-          f"{d.diff:+.3f} ± {se_t:.3f} over tasks ({d.diff / se_t:.1f} s.e.; samples' luck {d.se_paired:.3f}), "
-          f"tasks better / worse {d.tasks_better} / {d.tasks_worse}; held-out finish {f0:.2f} -> {f1:.2f}; "
-          f"after RL vs needspass at 64: {d.pass_b - after[ARMS[1]][seed]:+.3f}")
