@@ -64,7 +64,7 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # ... and a budget its 5 steps never reach (5 x 3 batches of 8 = 120): dynamic sampling's all-fail batches free
     "grpo+errcost+needspass+r128": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.cost_needs_pass=true",
                                     "rl.max_rollouts=128"],
-    # ... and rollouts sampled at the eval's temperature (0.6, not 0.8): weak warm starts pass more of them
+    # ... and rollouts sampled at the eval's temperature (0.6, not 0.8); seeds 8-9 passed no more of them
     "grpo+errcost+needspass+t06": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.cost_needs_pass=true",
                                    "rollout.temperature=0.6"],
     "grpo+kl": ["rl.sd_weight=0", "shaping.tool_error_cost=0", "rl.kl_coef=0.1"],
