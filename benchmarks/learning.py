@@ -64,6 +64,9 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # ... and a budget its 5 steps never reach (5 x 3 batches of 8 = 120): dynamic sampling's all-fail batches free
     "grpo+errcost+needspass+r128": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.cost_needs_pass=true",
                                     "rl.max_rollouts=128"],
+    # ... with the cost of malformed calls kept in all-fail groups (only failed runs of parsed calls given back)
+    "grpo+errcost+needspass+exec+r128": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.cost_needs_pass=true",
+                                         "shaping.needs_pass_gives_back=execution", "rl.max_rollouts=128"],
     # ... and rollouts sampled at the eval's temperature (0.6, not 0.8); seeds 8-9 passed no more of them
     "grpo+errcost+needspass+t06": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.cost_needs_pass=true",
                                    "rollout.temperature=0.6"],

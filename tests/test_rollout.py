@@ -221,6 +221,39 @@ def test_cost_needs_pass_gives_the_cost_back_only_in_a_group_where_nothing_passe
     assert [r.reward for r in shape_group(invalid_pass, on)] == [0.0, 0.0]
 
 
+def test_needs_pass_gives_back_execution_keeps_the_cost_of_malformed_calls():
+    """With needs_pass_gives_back="execution", an all-fail group gets back the cost of calls that ran
+    and failed, not of malformed ones (the cap applies to the whole penalty and to the part kept)."""
+    from train_fakes import token_rollout
+
+    from carl.rollout.rollout import shape_group
+    from carl.types import ToolError, ToolResult, Turn
+
+    def ro(malformed, failed_runs, passed=False):
+        penalty = min(0.1 * (malformed + failed_runs), 0.5)
+        r = dataclasses.replace(token_rollout([1, 2, 3], [False, True, True], reward=(0.9 if passed else 0.0) - penalty),
+                                passed=passed)
+        bad = ToolResult("edit_file", "", ok=False, error=ToolError("extra_param", "edit_file: unknown parameter"))
+        ran = ToolResult("edit_file", "", ok=False, error=ToolError("execution", "old text not found"))
+        r.trajectory.turns = [Turn(assistant="", results=[bad] * malformed + [ran] * failed_runs)]
+        return r
+
+    on = ShapingConfig(tool_error_cost=0.1, cost_needs_pass=True, needs_pass_gives_back="execution")
+    all_fail = [ro(0, 0), ro(0, 2), ro(2, 0), ro(1, 1), ro(7, 3), ro(2, 6)]
+    assert [r.reward for r in shape_group(all_fail, on)] == pytest.approx([0.0, 0.0, -0.2, -0.1, -0.5, -0.2])
+    everything = ShapingConfig(tool_error_cost=0.1, cost_needs_pass=True)
+    assert [r.reward for r in shape_group(all_fail, everything)] == pytest.approx([0.0] * 6)
+    mixed = [ro(1, 1, passed=True), ro(0, 2), ro(2, 0)]
+    assert [r.reward for r in shape_group(mixed, on)] == pytest.approx([0.7, -0.2, -0.2])  # a pass: all costs stay
+
+
+def test_needs_pass_gives_back_names_its_values_and_needs_cost_needs_pass():
+    with pytest.raises(ValueError, match="shaping.needs_pass_gives_back: got 'format'.*'all' or 'execution'"):
+        ShapingConfig(cost_needs_pass=True, needs_pass_gives_back="format")
+    with pytest.raises(ValueError, match="shaping.cost_needs_pass=false.*set shaping.cost_needs_pass=true"):
+        ShapingConfig(tool_error_cost=0.1, needs_pass_gives_back="execution")
+
+
 def test_group_rewards_wants_one_penalty_and_outcome_per_reward():
     from carl.rewards.shaping import group_rewards
 

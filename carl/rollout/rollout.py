@@ -24,7 +24,7 @@ from typing import Any
 from carl.harness.agent import EpisodeLimits, run_episode
 from carl.harness.tools.base import Tool
 from carl.rewards.episode import reward_from_trajectory
-from carl.rewards.shaping import ShapingConfig, group_rewards, tool_error_penalty, trained, training_reward
+from carl.rewards.shaping import ShapingConfig, given_back, group_rewards, trained, training_reward
 from carl.rewards.monitor import MonitorConfig
 from carl.rewards.reward import RewardConfig
 from carl.sandbox import open_sandbox
@@ -148,9 +148,8 @@ def require_valid(rollouts: list[Rollout], what: str) -> None:
 def shape_group(group: list[Rollout], shaping: ShapingConfig) -> list[Rollout]:
     """The group with the group-level part of shaping applied (`group_rewards`: with
     cost_needs_pass, each valid rollout's tool-error penalty, which its reward includes, is given
-    back where none of the valid, trained rollouts passed)."""
-    penalties = [tool_error_penalty(r.trajectory.num_tool_errors, shaping.tool_error_cost) if r.valid else 0.0
-                 for r in group]
+    back, all of it or its `given_back` part, where none of the valid, trained rollouts passed)."""
+    penalties = [given_back(r.trajectory, shaping) if r.valid else 0.0 for r in group]
     rewards = group_rewards([r.reward for r in group], penalties,
                             [r.passed and r.valid and r.trained for r in group], shaping)
     return [r if new == r.reward else dataclasses.replace(r, reward=new) for r, new in zip(group, rewards)]
