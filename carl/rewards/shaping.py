@@ -21,6 +21,7 @@ monitor saw nothing suspicious and, with require_finish, the agent called finish
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from carl.rewards.episode import EpisodeReward
 from carl.types import StopReason, Trajectory
@@ -55,7 +56,7 @@ class ShapingConfig:
     default: over fp32 seeds 5-9 it scored +0.096 above the default after RL (95% interval -0.057 to
     +0.249, within noise), and its RL rollouts' failed-call rate was 0.27 against 0.16 (the cost in
     an all-fail group also keeps the call format; docs/training.md, "No error cost where nothing passed")."""
-    needs_pass_gives_back: str = "all"
+    needs_pass_gives_back: Literal["all", "execution"] = "all"
     """Which failed calls' cost cost_needs_pass gives back in a group where nothing passed: "all",
     or "execution": only calls that parsed and then failed while running (an edit whose old text did
     not match, a missing file), so a malformed call (an unknown tool or parameter, an unclosed tag)
