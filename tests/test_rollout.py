@@ -183,6 +183,14 @@ def test_the_expert_solves_reading_tasks_and_reads_the_settings_module_they_need
         assert reads_settings == ("settings." in r.task.patch), (r.task.instance_id, reads)
 
 
+def _failed_calls(*kinds: str):
+    """Turns of one failed call each, of these ToolError kinds (what shaping counts and gives back)."""
+    from carl.types import ToolError, ToolResult, Turn
+
+    return [Turn(assistant="", results=[ToolResult("edit_file", "", ok=False, error=ToolError(kind, f"a {kind} error"))])
+            for kind in kinds]
+
+
 def test_cost_needs_pass_gives_the_cost_back_only_in_a_group_where_nothing_passed():
     """With shaping.cost_needs_pass, a group of failures that differ only in failed calls carries no
     advantage (calling fewer tools is not rewarded where nothing passed); a group with a pass keeps
@@ -192,14 +200,12 @@ def test_cost_needs_pass_gives_the_cost_back_only_in_a_group_where_nothing_passe
 
     from carl.rl.advantages import group_advantages
     from carl.rollout.rollout import shape_group
-    from carl.types import ToolError, ToolResult, Turn
 
     seq = ([1, 2, 3], [False, True, True])
 
     def ro(reward, failed_calls, passed=False, **kw):
         r = dataclasses.replace(token_rollout(*seq, reward=reward), passed=passed, **kw)
-        bad = ToolResult("open_file", "", ok=False, error=ToolError("unknown_tool", "unknown tool 'open_file'"))
-        r.trajectory.turns = [Turn(assistant="", calls=[], errors=[], results=[bad]) for _ in range(failed_calls)]
+        r.trajectory.turns = _failed_calls(*["unknown_tool"] * failed_calls)
         return r
 
     def advantages(group):
@@ -227,15 +233,12 @@ def test_needs_pass_gives_back_execution_keeps_the_cost_of_malformed_calls():
     from train_fakes import token_rollout
 
     from carl.rollout.rollout import shape_group
-    from carl.types import ToolError, ToolResult, Turn
 
     def ro(malformed, failed_runs, passed=False):
         penalty = min(0.1 * (malformed + failed_runs), 0.5)
         r = dataclasses.replace(token_rollout([1, 2, 3], [False, True, True], reward=(0.9 if passed else 0.0) - penalty),
                                 passed=passed)
-        bad = ToolResult("edit_file", "", ok=False, error=ToolError("extra_param", "edit_file: unknown parameter"))
-        ran = ToolResult("edit_file", "", ok=False, error=ToolError("execution", "old text not found"))
-        r.trajectory.turns = [Turn(assistant="", results=[bad] * malformed + [ran] * failed_runs)]
+        r.trajectory.turns = _failed_calls(*["extra_param"] * malformed, *["execution"] * failed_runs)
         return r
 
     on = ShapingConfig(tool_error_cost=0.1, cost_needs_pass=True, needs_pass_gives_back="execution")
