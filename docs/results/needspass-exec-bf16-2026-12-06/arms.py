@@ -9,7 +9,6 @@ repository root:
     .venv/bin/python docs/results/needspass-exec-bf16-2026-12-06/arms.py
 """
 import importlib.util
-import json
 from pathlib import Path
 
 from carl.eval.seeds import seed_spread
@@ -34,13 +33,17 @@ for arm in ARMS:
         after[arm][seed] = d.pass_b
         warm[seed] = d.pass_a
 
-diff = [after[ARMS[1]][s] - after[ARMS[0]][s] for s in SEEDS]
-line = f"\n{ARMS[1]} - default after RL (same warm start and tasks), seeds {SEEDS}: " + \
-    ", ".join(f"{x:+.3f}" for x in diff)
-if len(diff) > 1:
-    s = seed_spread(diff)
-    line += f"; mean {s.mean:+.3f}, sample sd {s.sd:.3f}, 95% t-interval {s.low:+.3f} to {s.high:+.3f}"
-print(line)
+
+
+def print_diff(against: str, diff: list[float]) -> None:
+    line = f"\n{ARMS[1]} - {against} after RL, seeds {SEEDS}: " + ", ".join(f"{x:+.3f}" for x in diff)
+    if len(diff) > 1:
+        s = seed_spread(diff)
+        line += f"; mean {s.mean:+.3f}, sample sd {s.sd:.3f}, 95% t-interval {s.low:+.3f} to {s.high:+.3f}"
+    print(line)
+
+
+print_diff("default (same warm start and tasks)", [after[ARMS[1]][s] - after[ARMS[0]][s] for s in SEEDS])
 
 print("\nthe default here against the default of 2026-12-05 (same seed, world and warm-start recipe):")
 print("| seed | warm start pass@1 then -> here | after RL then -> here |")
@@ -50,27 +53,7 @@ for seed in SEEDS:
     d0, _, _ = gains.gain(EARLIER / f"seed{seed}_{ARMS[0]}")
     print(f"| {seed} | {d0.pass_a:.3f} -> {warm[seed]:.3f} | {d0.pass_b:.3f} -> {after[ARMS[0]][seed]:.3f} |")
     both_draws[seed] = (d0.pass_b + after[ARMS[0]][seed]) / 2
-diff = [after[ARMS[1]][s] - both_draws[s] for s in SEEDS]
-line = f"\n{ARMS[1]} - the mean of the default's two RL draws (then and here) after RL, seeds {SEEDS}: " + \
-    ", ".join(f"{x:+.3f}" for x in diff)
-if len(diff) > 1:
-    s = seed_spread(diff)
-    line += f"; mean {s.mean:+.3f}, sample sd {s.sd:.3f}, 95% t-interval {s.low:+.3f} to {s.high:+.3f}"
-print(line)
-
-
-def rl_rows(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in rows if "rl/reward_mean" in r]
-
-
-def finish(run: Path) -> tuple[float, float]:
-    evals = sorted((run / "eval").glob("step*.json"))
-    rates = []
-    for p in (evals[0], evals[-1]):
-        tasks = json.loads(p.read_text())["tasks"]
-        rates.append(sum(t["finish_rate"] * t["n"] for t in tasks) / sum(t["n"] for t in tasks))
-    return rates[0], rates[1]
+print_diff("the mean of the default's two RL draws (then and here)", [after[ARMS[1]][s] - both_draws[s] for s in SEEDS])
 
 
 print("\n| seed | arm | RL steps: rollouts, pass rate | failed-call rate by step | held-out finish warm -> RL |")
@@ -78,8 +61,8 @@ print("|---|---|---|---|---|")
 for seed in SEEDS:
     for arm in ARMS:
         run = HERE / f"seed{seed}_{arm}"
-        rows = rl_rows(run)
-        f0, f1 = finish(run)
+        rows = gains.rl_rows(run)
+        f0, f1 = gains.finish(run)
         steps = ", ".join(f"{r['rl/pass_rate']:.2f}" for r in rows)
         errors = ", ".join(f"{r['rl/tool_error_rate']:.2f}" for r in rows)
         print(f"| {seed} | {arm} | {int(rows[-1]['rl/rollouts_total'])}: {steps} | {errors} | {f0:.2f} -> {f1:.2f} |")

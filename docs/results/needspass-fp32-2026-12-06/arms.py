@@ -7,7 +7,6 @@ held-out episodes did (tool calls, failed calls, finish). Run from the repositor
     .venv/bin/python docs/results/needspass-fp32-2026-12-06/arms.py
 """
 import importlib.util
-import json
 from pathlib import Path
 
 from carl.eval.seeds import seed_spread
@@ -35,28 +34,14 @@ for arm in ARMS[1:]:
           f"{', '.join(f'{x:+.3f}' for x in diff)}; mean {s.mean:+.3f}, sample sd {s.sd:.3f}, "
           f"95% t-interval {s.low:+.3f} to {s.high:+.3f}")
 
-def rl_rows(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in rows if "rl/reward_mean" in r]
-
-
-def finish(run: Path) -> tuple[float, float]:
-    evals = sorted((run / "eval").glob("step*.json"))
-    rates = []
-    for p in (evals[0], evals[-1]):
-        tasks = json.loads(p.read_text())["tasks"]
-        rates.append(sum(t["finish_rate"] * t["n"] for t in tasks) / sum(t["n"] for t in tasks))
-    return rates[0], rates[1]
-
-
 print("\n| seed | arm | RL steps: rollouts, pass rate | tool calls per RL episode by step | failed-call rate by step "
       "| held-out finish warm -> RL |")
 print("|---|---|---|---|---|---|")
 for seed in SEEDS:
     for arm in ARMS:
         run = HERE / f"seed{seed}_{arm}"
-        rows = rl_rows(run)
-        f0, f1 = finish(run)
+        rows = gains.rl_rows(run)
+        f0, f1 = gains.finish(run)
         def by_step(key: str) -> str:
             return ", ".join(f"{r[key]:.2f}" for r in rows)
 

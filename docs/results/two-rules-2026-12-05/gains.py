@@ -46,6 +46,22 @@ def table(arm: str) -> dict[int, float]:
     return diffs
 
 
+def rl_rows(run: Path) -> list[dict]:
+    """The metrics rows of a run's RL steps."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "rl/reward_mean" in r]
+
+
+def finish(run: Path) -> tuple[float, float]:
+    """The fraction of held-out episodes that called finish: warm start, after RL."""
+    evals = sorted((run / "eval").glob("step*.json"))
+    rates = []
+    for p in (evals[0], evals[-1]):
+        tasks = json.loads(p.read_text())["tasks"]
+        rates.append(sum(t["finish_rate"] * t["n"] for t in tasks) / sum(t["n"] for t in tasks))
+    return rates[0], rates[1]
+
+
 grpo = table("grpo+errcost")
 sd = table("grpo+errcost+sd")
 both = {seed: sd[seed] - grpo[seed] for seed in sd if seed in grpo}  # the same warm start and eval tasks
