@@ -66,3 +66,17 @@ for seed in SEEDS:
         steps = ", ".join(f"{r['rl/pass_rate']:.2f}" for r in rows)
         errors = ", ".join(f"{r['rl/tool_error_rate']:.2f}" for r in rows)
         print(f"| {seed} | {arm} | {int(rows[-1]['rl/rollouts_total'])}: {steps} | {errors} | {f0:.2f} -> {f1:.2f} |")
+
+# The arm's second draw: branched again from the same warm starts (draw2/, learning.py --out
+# runs/learning-bf16-draw2 with the default's runs above linked in as its first arm).
+DRAW2 = HERE / "draw2"
+if DRAW2.exists():
+    print("\n" + "=" * 100 + f"\nthe second draw of {ARMS[1]} (draw2/), the same warm starts and tasks:")
+    gains.HERE = DRAW2
+    gains.SEEDS = tuple(s for s in SEEDS if (DRAW2 / f"seed{s}_{ARMS[1]}" / "report.json").exists())
+    gains.table(ARMS[1])
+    second = {s: gains.gain(DRAW2 / f"seed{s}_{ARMS[1]}")[0].pass_b for s in gains.SEEDS}
+    SEEDS = list(gains.SEEDS)
+    print_diff("default (this folder's draw) [second draw]", [second[s] - after[ARMS[0]][s] for s in SEEDS])
+    print_diff("the mean of the default's two draws [mean of the arm's two draws]",
+               [(second[s] + after[ARMS[1]][s]) / 2 - both_draws[s] for s in SEEDS])
