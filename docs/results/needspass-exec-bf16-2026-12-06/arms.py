@@ -4,7 +4,7 @@ in bf16 on a 2-core Zen 4, branched from the same warm starts (step 0 of each se
 recomputed from the kept per-sample evals: each arm's RL - warm start with its standard error over
 tasks, the exec arm - default after RL paired by seed, what the RL rollouts and held-out episodes did,
 and this folder's default runs beside the 2026-12-05 runs of the same seeds and code path (same warm
-start bit for bit where the warm-start pass@1 agrees; RL samples differ run to run). Run from the
+start recipe; its pass@1 agrees in every seed; RL samples differ run to run). Run from the
 repository root:
     .venv/bin/python docs/results/needspass-exec-bf16-2026-12-06/arms.py
 """
