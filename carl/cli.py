@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # command group -> module that registers it. Modules missing from a partial install are skipped.
@@ -59,6 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    code = run_command(args)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) > 0:
+        from carl.train.ranks import exit_follower
+
+        exit_follower(code)  # a torchrun follower rank: no interpreter teardown (see there why)
+    return code
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command's exit code; a user's mistake is a line on stderr, not a traceback."""
     from carl.config import ConfigError
     from carl.engine.base import EngineError
     from carl.errors import UserError
@@ -78,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         print("carl: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `carl tasks show ... | head`: the reader left; so do we, quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:  # an OSError, or a library's own error for it (safetensors' SafetensorError)

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -102,11 +103,9 @@ def init_from_env() -> Ranks:
 
 @contextmanager
 def torchrun_ranks() -> Iterator[Ranks]:
-    """`init_from_env`, and leave the process group on the way out, returning or raising. A rank that
-    exits with its gloo group still up can abort at interpreter teardown (SIGABRT, "terminate called
-    without an active exception", from gloo's threads): 3 of 25 two-rank runs of a minimal script here,
-    0 of 25 with the group destroyed first; it failed CI once in the 2-rank `carl train` test, whose
-    rank 1 exits while rank 0 still writes the report. A group the caller set up stays up."""
+    """`init_from_env`, and leave the process group on the way out, returning or raising. A group the
+    caller set up stays up. Leaving the group is not enough for a follower rank to exit cleanly: end
+    its process with `exit_follower` (the `carl` command does)."""
     ours = not (dist.is_available() and dist.is_initialized())
     ranks = init_from_env()
     try:
@@ -115,6 +114,24 @@ def torchrun_ranks() -> Iterator[Ranks]:
         if ours and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
+
+
+def exit_follower(code: int) -> NoReturn:
+    """End a torchrun follower's process (rank 1..N-1) now, without the interpreter's teardown.
+
+    A gloo worker thread drops its last reference to a finished collective's tensors just after the
+    caller's wait returns; if Python had dropped its own already, that release needs the GIL, and a
+    thread that asks for the GIL once the interpreter is finalizing is ended with pthread_exit, which
+    unwinds through a noexcept C++ frame: SIGABRT, "terminate called without an active exception"
+    (C++ stacks: ProcessGroupGloo::runLoop -> TensorImpl::decref_pyobject -> pthread_exit). A follower
+    exits within milliseconds of its last collective (rank 0's "stop"), so it loses that race now and
+    then, destroyed group or not: a two-rank FSDP script here aborted on rank 1 in 8 of 60 runs (3 of
+    30 with a barrier before leaving the group), the two-rank `carl train` test in 2 of 60 (and failed
+    CI once); with the process ended by os._exit, 0 of 30. Everything a follower writes is written
+    before it returns (rank 0 writes the run's files), so only the standard streams need flushing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 def shard_model(model: torch.nn.Module, ranks: Ranks, dual: Any = None) -> torch.nn.Module:
     """Shard `model` in place with FSDP2 over all ranks (nothing on one rank); `dual`: a
