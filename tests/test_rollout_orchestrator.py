@@ -25,7 +25,7 @@ class FakeEpisodes:
         self.episode_s, self.passed, self.turns = episode_s, passed, turns
         self.lock = threading.Lock()
 
-    def submit(self, t: int, j: int, version: int) -> Future:
+    def submit(self, t: int, j: int, version: int, pos: int = 0) -> Future:
         fut: Future = Future()
         with self.lock:
             self.started.append((t, j, self.version))
@@ -144,7 +144,7 @@ def test_a_resume_starts_at_its_task_position_and_version():
 
 
 def test_a_failing_worker_reaches_the_trainer():
-    def submit(t, j, version):
+    def submit(t, j, version, pos):
         fut: Future = Future()
         fut.set_exception(OSError("the worker's machine is gone"))
         return fut

@@ -20,7 +20,7 @@ from carl.harness.agent import EpisodeLimits  # noqa: E402
 from carl.rewards.monitor import MonitorConfig  # noqa: E402
 from carl.rewards.shaping import ShapingConfig  # noqa: E402
 from carl.rollout.orchestrator import Orchestrator  # noqa: E402
-from carl.rollout.workers import EpisodeSpec, RayWorkers  # noqa: E402
+from carl.rollout.workers import EpisodeSpec, RayWorkers, rl_submit  # noqa: E402
 from carl.sandbox.base import SandboxConfig  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")]
@@ -58,7 +58,7 @@ def world(tmp_path_factory):
 
 def test_two_ray_actors_complete_rl_steps(world):
     tasks, workers, new_version = world
-    orch = Orchestrator(workers.submit, len(tasks), list(range(len(tasks))), group_size=2, tasks_per_step=2,
+    orch = Orchestrator(rl_submit(workers, 2), len(tasks), list(range(len(tasks))), group_size=2, tasks_per_step=2,
                         max_staleness=0, stale="pace", start_pos=0, start_version=0).start()
     try:
         for step in range(2):
@@ -76,7 +76,7 @@ def test_two_ray_actors_complete_rl_steps(world):
 
 def test_killing_an_actor_mid_step_loses_no_rollout(world):
     tasks, workers, _ = world
-    orch = Orchestrator(workers.submit, len(tasks), list(range(len(tasks))), group_size=4, tasks_per_step=2,
+    orch = Orchestrator(rl_submit(workers, 4), len(tasks), list(range(len(tasks))), group_size=4, tasks_per_step=2,
                         max_staleness=0, stale="pace", start_pos=0, start_version=2).start()
     try:
         time.sleep(1.0)  # episodes are in flight on both actors

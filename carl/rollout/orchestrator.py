@@ -55,10 +55,12 @@ class StepGroups:
 
 
 class Orchestrator:
-    def __init__(self, submit: Callable[[int, int, int], Future], num_tasks: int, order: list[int], group_size: int,
-                 tasks_per_step: int, max_staleness: int, stale: str, start_pos: int, start_version: int,
-                 buffer_groups: int = 0, max_extra_batches: int = 0, end_step: int | None = None):
-        """`submit(task index, sample index, version)` starts one episode and returns a Future of its Rollout.
+    def __init__(self, submit: Callable[[int, int, int, int], Future], num_tasks: int, order: list[int],
+                 group_size: int, tasks_per_step: int, max_staleness: int, stale: str, start_pos: int,
+                 start_version: int, buffer_groups: int = 0, max_extra_batches: int = 0, end_step: int | None = None):
+        """`submit(task index, sample index, version, position)` starts one episode and returns a Future of
+        its Rollout; position: its group's place in the task order stream (`start_pos` on), the same for
+        a group started again after a resume, so (position, sample index) names one rollout of a run.
         `end_step`: the run's last step + 1 (rl.steps); with "pace" no group starts for a step at or past
         it (they would run, unused, while the run ends and its workers wait for them)."""
         if stale not in STALE_MODES:
@@ -164,7 +166,7 @@ class Orchestrator:
 
     def _start_group(self, seq: int, pos: int, version: int) -> None:
         task_index = self.order[pos % self.num_tasks]
-        futures = [self.submit(task_index, j, version) for j in range(self.G)]
+        futures = [self.submit(task_index, j, version, pos) for j in range(self.G)]
         results: list[Rollout | None] = [None] * self.G
         remaining = [self.G]
         lock = threading.Lock()

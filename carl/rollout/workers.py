@@ -64,10 +64,12 @@ class EpisodeSpec:
     """MoE router replay: fetch each generation's expert routes from the engine's worker."""
     lora_rank: int = 0
     """LoRA runs: sample with the run's adapter (carl.engine.vllm.LORA_NAME)."""
+    seeded: bool = True
+    """rollout.seeded: each rollout samples from streams named by its task and number (`rollout_policy`)."""
 
 
     def runner(self) -> Callable[[int, int, int], Rollout]:
-        """run(task index, sample index, version): one RL episode against the engine at
+        """run(task index, rollout number, version): one RL episode against the engine at
         `engine_url`, in its own sandbox (built once per actor: an engine client and the tools)."""
         from carl.engine.config import EngineConfig
         from carl.engine.vllm import VLLMEngine
@@ -80,13 +82,32 @@ class EpisodeSpec:
                             record_routes=self.record_routes, lora_rank=self.lora_rank, log=lambda m: None)
         tools = {n: t for n, t in default_tools().items() if n in self.tool_names}
 
-        def run(task_index: int, sample_index: int, version: int) -> Rollout:
+        def run(task_index: int, rollout_index: int, version: int) -> Rollout:
             engine.policy_version = version  # the version its first turn samples with (the server's now)
-            return run_rollout(engine, self.tasks[task_index], self.limits, tools, self.sandbox, RewardConfig(),
-                               self.monitor, self.shaping)
+            task = self.tasks[task_index]
+            return run_rollout(rollout_policy(engine, task, rollout_index, self.seeded), task, self.limits, tools,
+                               self.sandbox, RewardConfig(), self.monitor, self.shaping)
 
         return run
 
+
+
+def rl_submit(workers: Any, group_size: int) -> Callable[[int, int, int, int], Future]:
+    """The orchestrator's `submit(task index, sample index, version, position)` for RL on `workers`:
+    sample j of the group at task-stream position p is the run's rollout number p * G + j, which the
+    RL runners are given in place of a sample index (it names the rollout's random numbers)."""
+    return lambda t, j, version, pos: workers.submit(t, pos * group_size + j, version)
+
+
+def rollout_policy(engine: Any, task: Any, rollout_index: int, seeded: bool) -> Any:
+    """What RL rollout number `rollout_index` of `task` samples from. `seeded`: the engine's episode
+    view whose turn t draws from seed stream_seed(engine seed, "<task id>/rl/<number>", t)
+    (`carl.engine.streams`), so two runs from one checkpoint with one seed give their n-th rollouts
+    the same random numbers whatever the threads' timing, and a branch differs from its source by
+    the recipe, not by the draw (common random numbers, as evals have). Not seeded: the engine's
+    own stream (HF: by arrival order; vLLM: one generator for the batch, which on a GPU saves a
+    per-request generator in the sampler; cost not measured here)."""
+    return engine.episode(f"{task.instance_id}/rl/{rollout_index}") if seeded else engine
 
 class RolloutActor:
     """A Ray actor's body (wrapped with `ray.remote` by RayWorkers): the episodes of `spec.runner()`."""

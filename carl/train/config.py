@@ -149,6 +149,11 @@ class RolloutConfig:
     ray_cpus_per_actor: float = 0.5
     """CPUs each actor asks Ray for; fractional on small machines (actors mostly wait on the engine
     and on test processes), or Ray queues them forever."""
+    seeded: bool = True
+    """Each rollout samples from random numbers named by the run's seed, its task and its number in
+    the run (carl.rollout.workers.rollout_policy), not by thread timing: two runs from one checkpoint
+    with one seed draw the same numbers, so a branch compares recipes rather than draws. false: the
+    engine's own stream (on vLLM, no per-request generator in its sampler)."""
     concurrency: int = 16
     """Episodes in flight at once (one thread each), in RL and in eval. The sampler batches up to
     group_size x tasks_per_step of their requests, so on a GPU raise this with the batch (at 16,

@@ -57,7 +57,7 @@ from carl.train.trainer import Trainer, follow
 from carl.rewards.reward import RewardConfig
 from carl.rollout.orchestrator import Orchestrator
 from carl.rollout.rollout import require_valid, rollout_metrics, run_rollout, shape_group
-from carl.rollout.workers import EpisodeSpec, RayWorkers, ThreadWorkers
+from carl.rollout.workers import EpisodeSpec, RayWorkers, ThreadWorkers, rl_submit, rollout_policy
 from carl.train.warm_start import expert_rollouts, sft_batches
 
 
@@ -207,11 +207,12 @@ def rl_phase(cfg: TrainConfig, state: RunState, rl_tasks: list[TaskRecord], poli
         planned = max(1, min(planned, left))
     progress.phase(step_label(cfg, state, state.rl_step + 1), planned, "rollouts", group="RL")
     submitted = itertools.count(1)
+    submit_rollout = rl_submit(workers, cfg.rollout.group_size)
 
-    def submit(task_index: int, sample_index: int, version: int):
+    def submit(task_index: int, sample_index: int, version: int, pos: int):
         if next(submitted) > planned:  # dynamic sampling's extra batches, or rollouts ahead of the last step
             progress.grow(1)
-        future = workers.submit(task_index, sample_index, version)
+        future = submit_rollout(task_index, sample_index, version, pos)
         future.add_done_callback(lambda f: progress.advance())
         return future
 
@@ -301,7 +302,8 @@ def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], l
                  tools: dict) -> ThreadWorkers | RayWorkers:
     """Where RL episodes run: threads sharing `policy`, or Ray actors with their own engine clients."""
     if cfg.rollout.workers == "threads":
-        return ThreadWorkers(lambda t, j: run_rollout(policy, rl_tasks[t], limits, tools, cfg.sandbox, RewardConfig(),
+        return ThreadWorkers(lambda t, n: run_rollout(rollout_policy(policy, rl_tasks[t], n, cfg.rollout.seeded),
+                                                      rl_tasks[t], limits, tools, cfg.sandbox, RewardConfig(),
                                                       cfg.monitor, cfg.shaping), cfg.rollout.concurrency)
     from carl.config import ConfigError
 
@@ -310,7 +312,7 @@ def make_workers(cfg: TrainConfig, policy: Engine, rl_tasks: list[TaskRecord], l
     spec = EpisodeSpec(rl_tasks, limits, tuple(tools), cfg.sandbox, cfg.monitor, cfg.shaping, policy.url,
                        str(resolve_model_path(cfg.model.path)), cfg.engine.max_model_len or cfg.limits.context_budget_tokens,
                        cfg.seed, policy.default_sampling, record_routes=policy.record_routes,
-                       lora_rank=cfg.model.lora_rank)
+                       lora_rank=cfg.model.lora_rank, seeded=cfg.rollout.seeded)
     per_actor = max(1, -(-cfg.rollout.concurrency // cfg.rollout.ray_actors))
     return RayWorkers(spec, cfg.rollout.ray_actors, per_actor, cfg.rollout.ray_cpus_per_actor, cfg.rollout.ray_address)
 
