@@ -11,11 +11,11 @@ GRPO + self-distillation at the same number of rollouts (issue 4, "Evidence").
 Each seed is one complete `carl train` run of the embedded default (or of --config) for the
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
 The other arms branch from that run's pinned warm-start checkpoint (step 0) and train on the
-same task files (an arm that sets `micro.rl_repos` builds its own RL set of that many repos of
-the same world), so every arm of a seed starts from the same weights, tasks and RL step budget
+same task files (an arm that sets `micro.rl_repos` or `micro.eval_repos` builds its own RL or
+held-out set of that many repos of the same world: the first arm's repos and more), so every arm of a seed starts from the same weights, tasks and RL step budget
 (dynamic sampling may add batches of rollouts in either: the printed rollouts per arm say how
 many); they differ only in the arm's overrides. An arm that changes an eval setting (`truncate`'s
-limits.context_strategy, an eval.* override) evaluates the warm start again under its own settings
+limits.context_strategy, an eval.* override, its own held-out set) evaluates the warm start again under its own settings
 (as `carl train --branch-from` does) instead of sharing the first arm's. A finished run is
 reused, so an interrupted benchmark resumes.
 
@@ -80,6 +80,9 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # ~48 tasks once each (the 4-task fit in docs/training.md learned each task's answer, not the mapping)
     "grpo+errcost+kl+cover24": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "rl.kl_coef=1.0", "rl.steps=12",
                                 "micro.rl_repos=24", "rollout.group_size=8", "rollout.tasks_per_step=4"],
+    # the default's recipe scored on twice the held-out repos (the first arm's 24 and 24 more of the same
+    # world): the warm start is evaluated again on them, so each seed's RL - warm has a smaller standard error
+    "grpo+errcost+eval48": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "micro.eval_repos=48"],
     # the default's context budget (3,072 since 2026-12-04) against the 2,048 before it: a ctx2048 branch
     # of a ctx3072 run trains and evaluates its warm start at 2,048 (docs/training.md, "Finishing")
     "grpo+errcost+ctx3072": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "limits.context_budget_tokens=3072"],
@@ -154,8 +157,9 @@ def main() -> None:
                 continue
             overrides = [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}", *ARMS[arm], *args.overrides]
             if run_dir != first and not finished:
-                reevaluate = eval_changes(first, args.config, overrides)
-                overrides += branch_from(first, run_dir, rl_repos=_rl_repos(ARMS[arm] + args.overrides),
+                own = {split: _micro_repos(ARMS[arm] + args.overrides, split) for split in ("rl", "eval")}
+                reevaluate = eval_changes(first, args.config, overrides) or own["eval"] is not None
+                overrides += branch_from(first, run_dir, rl_repos=own["rl"], eval_repos=own["eval"],
                                          reevaluate=bool(reevaluate))
             if not finished:
                 train(load_config(TrainConfig, args.config, overrides))
@@ -245,18 +249,22 @@ def run_seeds_apart(args: argparse.Namespace) -> list[int]:
     return failed
 
 
-def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None, reevaluate: bool = False) -> list[str]:
+def branch_from(first: Path, run_dir: Path, rl_repos: int | None = None, eval_repos: int | None = None,
+                reevaluate: bool = False) -> list[str]:
     """Start `run_dir` at `first`'s warm-start checkpoint, on `first`'s task files; returns the overrides
     (`carl train --branch-from`'s steps, carl.train.state.branch_run).
 
-    With `rl_repos`, the branch trains on its own RL set of that many micro repos of `first`'s world
-    instead (built under <run_dir>/micro; the warm-start and held-out tasks stay `first`'s). With
-    `reevaluate`, the branch evaluates the warm start again under its own settings (`eval_changes`)."""
+    With `rl_repos` (`eval_repos`), the branch trains (is evaluated) on its own set of that many micro
+    repos of `first`'s world instead, built under <run_dir>/micro: a split's repo i is the same repo in
+    any world of that seed, so a larger set holds `first`'s repos and more, and stays disjoint from
+    the other splits. With `reevaluate`, the branch evaluates the warm start again under its own
+    settings (`eval_changes`; an own held-out set needs it)."""
     _require_finished(first)
     branch_run(first, 0, run_dir, reevaluate=reevaluate)
     files = branch_task_files(first)
-    if rl_repos is not None:
-        files["rl_tasks"] = build_rl_set(first, run_dir, rl_repos)
+    for split, repos in (("rl", rl_repos), ("eval", eval_repos)):
+        if repos is not None:
+            files[f"{split}_tasks"] = build_split(first, run_dir, split, repos)
     return [f"{key}={path}" for key, path in files.items()]
 
 
@@ -301,25 +309,25 @@ def continue_rl(run_dir: Path, steps: int) -> int | None:
         raise SystemExit(str(e)) from None
 
 
-def build_rl_set(first: Path, run_dir: Path, rl_repos: int) -> str:
-    """RL tasks from `rl_repos` repos of `first`'s micro world (its resolved [micro] settings, its
-    micro.templates included)."""
+def build_split(first: Path, run_dir: Path, split: str, repos: int) -> str:
+    """The tasks of `split` ("rl", "eval") from `repos` repos of `first`'s micro world (its resolved
+    [micro] settings, its micro.templates included)."""
     from carl.micro.world import build_micro_tasks, keep_templates, templates_file
 
     config = tomllib.loads((first / "config.toml").read_text())
     m, backend = config["micro"], config.get("sandbox", {}).get("backend", "bwrap")
-    world = build_micro_tasks(run_dir / "micro", m["seed"], m["difficulty"], {"rl": rl_repos}, m["modules_per_repo"],
+    world = build_micro_tasks(run_dir / "micro", m["seed"], m["difficulty"], {split: repos}, m["modules_per_repo"],
                               m["defs_per_module"], m["max_tasks_per_repo"], backend=backend,
                               progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
     if m.get("templates"):
-        keep_templates(world, m["templates"], run_dir / "micro", splits=("rl",))
-        return str(templates_file(run_dir / "micro", "rl"))
-    return str(run_dir / "micro" / "rl.jsonl")
+        keep_templates(world, m["templates"], run_dir / "micro", splits=(split,))
+        return str(templates_file(run_dir / "micro", split))
+    return str(run_dir / "micro" / f"{split}.jsonl")
 
 
-def _rl_repos(overrides: list[str]) -> int | None:
-    """The last `micro.rl_repos=N` among the overrides, if any."""
-    values = [o.split("=", 1)[1] for o in overrides if o.startswith("micro.rl_repos=")]
+def _micro_repos(overrides: list[str], split: str) -> int | None:
+    """The last `micro.<split>_repos=N` among the overrides, if any."""
+    values = [o.split("=", 1)[1] for o in overrides if o.startswith(f"micro.{split}_repos=")]
     return int(values[-1]) if values else None
 
 

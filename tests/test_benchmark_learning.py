@@ -9,6 +9,7 @@ import torch
 from benchmark_modules import load
 from carl.config import load_config, save_config
 from carl.errors import UserError
+from carl.micro.world import split_seeds
 from carl.train.config import TrainConfig
 from carl.train.state import branch_task_files
 
@@ -218,11 +219,17 @@ def test_a_branch_with_rl_repos_trains_on_its_own_rl_set_of_the_same_world(tmp_p
                          f"eval_tasks={first / 'micro' / 'eval.jsonl'}"]
     tasks = [json.loads(line) for line in (arm / "micro" / "rl.jsonl").read_text().splitlines()]
     assert len(tasks) == 2 and sorted(p.name for p in (arm / "micro" / "repos" / "rl").iterdir()) == ["repo500", "repo501"]
+    # its own held-out set: eval repo i of the same world (split_seeds: disjoint from the other splits)
+    overrides = learning.branch_from(first, tmp_path / "seed0_grpo+eval2", eval_repos=2)
+    own = tmp_path / "seed0_grpo+eval2" / "micro"
+    assert overrides[1:] == [f"rl_tasks={first / 'micro' / 'rl.jsonl'}", f"eval_tasks={own / 'eval.jsonl'}"]
+    assert sorted(p.name for p in (own / "repos" / "eval").iterdir()) == [f"repo{s}" for s in split_seeds("eval", 0, 2)]
 
 
-def test_rl_repos_is_read_from_the_last_override():
-    assert learning._rl_repos(["rl.steps=12"]) is None
-    assert learning._rl_repos(["micro.rl_repos=16", "rl.steps=3", "micro.rl_repos=8"]) == 8
+def test_a_splits_repos_are_read_from_the_last_override():
+    assert learning._micro_repos(["rl.steps=12"], "rl") is None
+    assert learning._micro_repos(["micro.rl_repos=16", "rl.steps=3", "micro.rl_repos=8"], "rl") == 8
+    assert learning._micro_repos(["micro.rl_repos=16", "micro.eval_repos=48"], "eval") == 48
 
 
 def test_run_seeds_apart_runs_one_process_per_seed_with_its_own_log_and_reports_failures(tmp_path, monkeypatch):
