@@ -91,7 +91,6 @@ class EpisodeSpec:
         return run
 
 
-
 def rl_submit(workers: Any, group_size: int) -> Callable[[int, int, int, int], Future]:
     """The orchestrator's `submit(task index, sample index, version, position)` for RL on `workers`:
     sample j of the group at task-stream position p is the run's rollout number p * G + j, which the
@@ -108,6 +107,7 @@ def rollout_policy(engine: Any, task: Any, rollout_index: int, seeded: bool) -> 
     own stream (HF: by arrival order; vLLM: one generator for the batch, which on a GPU saves a
     per-request generator in the sampler; cost not measured here)."""
     return engine.episode(f"{task.instance_id}/rl/{rollout_index}") if seeded else engine
+
 
 class RolloutActor:
     """A Ray actor's body (wrapped with `ray.remote` by RayWorkers): the episodes of `spec.runner()`."""

@@ -115,7 +115,6 @@ def torchrun_ranks() -> Iterator[Ranks]:
             dist.destroy_process_group()
 
 
-
 def exit_follower(code: int) -> NoReturn:
     """End a torchrun follower's process (rank 1..N-1) now, without the interpreter's teardown.
 
@@ -127,11 +126,12 @@ def exit_follower(code: int) -> NoReturn:
     exits within milliseconds of its last collective (rank 0's "stop"), so it loses that race now and
     then, destroyed group or not: a two-rank FSDP script here aborted on rank 1 in 8 of 60 runs (3 of
     30 with a barrier before leaving the group), the two-rank `carl train` test in 2 of 60 (and failed
-    CI once); with the process ended by os._exit, 0 of 30. Everything a follower writes is written
+    CI once); with the process ended by os._exit, 0 of 30 and 0 of 60. Everything a follower writes is written
     before it returns (rank 0 writes the run's files), so only the standard streams need flushing."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
 
 def shard_model(model: torch.nn.Module, ranks: Ranks, dual: Any = None) -> torch.nn.Module:
     """Shard `model` in place with FSDP2 over all ranks (nothing on one rank); `dual`: a
