@@ -12,12 +12,13 @@ Each seed is one complete `carl train` run of the embedded default (or of --conf
 first arm, in its own run directory under --out, with its own micro world (micro.seed = seed).
 The other arms branch from that run's pinned warm-start checkpoint (step 0) and train on the
 same task files (an arm that sets `micro.rl_repos` or `micro.eval_repos` builds its own RL or
-held-out set of that many repos of the same world: the first arm's repos and more), so every arm of a seed starts from the same weights, tasks and RL step budget
-(dynamic sampling may add batches of rollouts in either: the printed rollouts per arm say how
-many); they differ only in the arm's overrides. An arm that changes an eval setting (`truncate`'s
-limits.context_strategy, an eval.* override, its own held-out set) evaluates the warm start again under its own settings
-(as `carl train --branch-from` does) instead of sharing the first arm's. A finished run is
-reused, so an interrupted benchmark resumes.
+held-out set of that many repos of the same world: the first arm's repos and more), so every arm
+of a seed starts from the same weights, tasks and RL step budget (dynamic sampling may add batches
+of rollouts in either: the printed rollouts per arm say how many); they differ only in the arm's
+overrides. An arm that changes an eval setting (`truncate`'s limits.context_strategy, an eval.*
+override, its own held-out set) evaluates the warm start again under its own settings (as `carl
+train --branch-from` does) instead of sharing the first arm's. A finished run is reused, so an
+interrupted benchmark resumes.
 
 Printed: per seed and arm, warm-start and RL pass@1, and from the run's per-task eval reports the
 paired RL - warm-start difference ± its two paired standard errors (`carl.eval.paired`, when the
