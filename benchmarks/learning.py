@@ -85,6 +85,9 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # the default's recipe scored on twice the held-out repos (the first arm's 24 and 24 more of the same
     # world): the warm start is evaluated again on them, so each seed's RL - warm has a smaller standard error
     "grpo+errcost+eval48": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "micro.eval_repos=48"],
+    # the default's recipe on a warm start of twice the expert episodes (64, 6 per template on average):
+    # its own warm start, so it runs as the first arm of its --out, beside the default's runs of the seed
+    "grpo+errcost+ws64": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "warm_start.episodes=64"],
     # the default's context budget (3,072 since 2026-12-04) against the 2,048 before it: a ctx2048 branch
     # of a ctx3072 run trains and evaluates its warm start at 2,048 (docs/training.md, "Finishing")
     "grpo+errcost+ctx3072": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "limits.context_budget_tokens=3072"],
