@@ -34,9 +34,10 @@ the seeds, not the tasks, are the replicates of an RL run. Results go to <out>/l
 run's row, the over-seeds statistics per arm) and <out>/learning.png (one line per seed: warm start
 -> after RL).
 
-Cost: the first arm of a seed is one full run of the default (9-12 minutes on a 2-core Zen 4 in bf16,
-2026-12-06; about twice that in fp32 on an AVX2-only CPU); each further arm adds its RL phase and
-final eval (5-6 minutes there; 6-10 with its own 48-repo held-out set, whose warm-start eval it adds).
+Cost: the first arm of a seed is one full run of the default (11-14 minutes on a 2-core Zen 4 in
+bf16 with the 64-episode warm start, 2026-12-07, 9-12 with 32; about twice that in fp32 on an
+AVX2-only CPU); each further arm adds its RL phase and final eval (5-6 minutes there; 6-10 with its
+own 48-repo held-out set, whose warm-start eval it adds).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # the default's recipe scored on twice the held-out repos (the first arm's 24 and 24 more of the same
     # world): the warm start is evaluated again on them, so each seed's RL - warm has a smaller standard error
     "grpo+errcost+eval48": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "micro.eval_repos=48"],
-    # the default's recipe on a warm start of twice the expert episodes (64, 6 per template on average):
+    # the default's recipe on a warm start of twice the expert episodes (64, about 7 per template):
     # its own warm start, so it runs as the first arm of its --out, beside the default's runs of the seed
     "grpo+errcost+ws64": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "warm_start.episodes=64"],
     # the default's context budget (3,072 since 2026-12-04) against the 2,048 before it: a ctx2048 branch
