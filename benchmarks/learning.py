@@ -54,7 +54,7 @@ from carl.errors import UserError
 from carl.eval.paired import over_tasks, paired_difference
 from carl.eval.seeds import seed_spread
 from carl.train.checkpoint import load_state, save_state
-from carl.train.state import branch_run, branch_task_files, extend_run, warm_eval_changes
+from carl.train.state import branch_run, branch_task_files, extend_run, setting_changes, warm_eval_changes
 
 ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
     "grpo": ["rl.sd_weight=0", "shaping.tool_error_cost=0"],
@@ -87,7 +87,7 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # world): the warm start is evaluated again on them, so each seed's RL - warm has a smaller standard error
     "grpo+errcost+eval48": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "micro.eval_repos=48"],
     # the default's recipe on a warm start of twice the expert episodes (64, about 7 per template):
-    # its own warm start, so it runs as the first arm of its --out, beside the default's runs of the seed
+    # its own warm start, so it runs as the first arm of its --out (a later arm is refused)
     "grpo+errcost+ws64": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "warm_start.episodes=64"],
     # the default's context budget (3,072 since 2026-12-04) against the 2,048 before it: a ctx2048 branch
     # of a ctx3072 run trains and evaluates its warm start at 2,048 (docs/training.md, "Finishing")
@@ -163,6 +163,7 @@ def main() -> None:
                 continue
             overrides = [f"seed={seed}", f"micro.seed={seed}", f"run_dir={run_dir}", *ARMS[arm], *args.overrides]
             if run_dir != first and not finished:
+                refuse_warm_start_changes(first, args.config, overrides, arm)
                 own = {split: _micro_repos(ARMS[arm] + args.overrides, split) for split in ("rl", "eval")}
                 reevaluate = eval_changes(first, args.config, overrides) or own["eval"] is not None
                 overrides += branch_from(first, run_dir, rl_repos=own["rl"], eval_repos=own["eval"],
@@ -292,6 +293,19 @@ def eval_changes(first: Path, config: str | None, overrides: list[str]) -> list[
     if changes:
         print(f"  warm start evaluated again for this arm: {'; '.join(changes)}")
     return changes
+
+
+def refuse_warm_start_changes(first: Path, config: str | None, overrides: list[str], arm: str) -> None:
+    """An arm after the first branches from the first arm's warm start, so one that changes a
+    `warm_start.*` setting would be trained from a warm start other than its config says: refused."""
+    from carl.config import load_config
+    from carl.train.config import TrainConfig
+
+    _require_finished(first)
+    changes = setting_changes(first, load_config(TrainConfig, config, overrides), ("warm_start",))
+    if changes:
+        raise SystemExit(f"arm {arm}: changes the warm start ({'; '.join(changes)}) but would branch from "
+                         f"{first}'s; run it as the first arm of its own --out (`--arms {arm}`)")
 
 
 def reopen_rl(ckpt: Path) -> None:

@@ -124,6 +124,16 @@ def test_an_arm_branches_from_the_first_arms_warm_start(tmp_path, with_eval):
     assert steps == [-1, 0]  # the warm start's rows (which step 0's checkpoint counts), not the RL ones
 
 
+def test_a_later_arm_that_changes_the_warm_start_is_refused(tmp_path):
+    first = tmp_path / "seed0_grpo+errcost"
+    _finished_run(first, with_eval=True)
+    save_config(load_config(TrainConfig, None, [f"run_dir={first}"]), first / "config.toml")
+    learning.refuse_warm_start_changes(first, None, ["seed=0", "rl.sd_weight=0.5"], "grpo+sd")  # RL only: fine
+    with pytest.raises(SystemExit, match=r"arm grpo\+errcost\+ws64: changes the warm start "
+                                         r"\(warm_start.episodes: 64 -> 128\)"):
+        learning.refuse_warm_start_changes(first, None, ["warm_start.episodes=128"], "grpo+errcost+ws64")
+
+
 def test_an_arm_with_other_eval_settings_evaluates_the_warm_start_again(tmp_path):
     from carl.train.state import warm_eval_changes
 

@@ -169,6 +169,16 @@ def warm_eval_changes(source: Path, cfg: Any) -> list[str]:
     """The settings an eval depends on that a branch of `source` changes, as `key: old -> new`: its
     warm-start eval, made under the source's settings, does not measure the branch's starting point
     under its own (a branch with limits.context_strategy=truncate evaluated with summaries)."""
+    changes = setting_changes(source, cfg, EVAL_SETTINGS)
+    tasks = Path(branch_task_files(source)["eval_tasks"]).resolve()
+    if cfg.eval_tasks and Path(cfg.eval_tasks).resolve() != tasks:
+        changes.append(f"eval_tasks: {str(tasks)!r} -> {cfg.eval_tasks!r}")
+    return changes
+
+
+def setting_changes(source: Path, cfg: Any, prefixes: tuple[str, ...]) -> list[str]:
+    """The settings under `prefixes` (a dotted key or section, e.g. "warm_start") on which `cfg` differs
+    from the run at `source`, as `key: old -> new`."""
     import tomllib
 
     from carl.config import load_config, to_toml
@@ -176,12 +186,8 @@ def warm_eval_changes(source: Path, cfg: Any) -> list[str]:
 
     source_cfg = load_config(TrainConfig, source / "config.toml")  # defaults and renamed keys as `cfg` has them
     old, new = (_flatten(tomllib.loads(to_toml(c))) for c in (source_cfg, cfg))
-    changes = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
-               if any(k == s or k.startswith(s + ".") for s in EVAL_SETTINGS) and old.get(k) != new.get(k)]
-    tasks = Path(branch_task_files(source)["eval_tasks"]).resolve()
-    if cfg.eval_tasks and Path(cfg.eval_tasks).resolve() != tasks:
-        changes.append(f"eval_tasks: {str(tasks)!r} -> {cfg.eval_tasks!r}")
-    return changes
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+            if any(k == s or k.startswith(s + ".") for s in prefixes) and old.get(k) != new.get(k)]
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
