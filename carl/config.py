@@ -214,12 +214,13 @@ def _emit(d: dict[str, Any], path: list[str], lines: list[str]) -> None:
     if path and (scalars or not tables):
         lines.append(f"\n[{'.'.join(path)}]")
     for k, v in scalars.items():
-        lines.append(f"{k} = {_toml_value(v)}")
+        lines.append(f"{k} = {toml_value(v)}")
     for k, v in tables.items():
         _emit(v, path + [k], lines)
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
+    """A value as TOML writes it (and an override `key=VALUE` parses it back)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -227,7 +228,7 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     raise ConfigError(f"cannot write {v!r} as TOML")
 
 

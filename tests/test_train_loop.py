@@ -5,6 +5,7 @@ that resumes from the finished state instead of training again."""
 import io
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -286,11 +287,16 @@ def test_branch_from_and_extend_are_train_options(tmp_path, finished, capsys):
 
     torch.set_num_threads(1)
     cfg, _, first = finished
-    save_config(cfg, tmp_path / "cfg.toml")
+    episodes = cfg.warm_start.episodes  # a config whose warm start is not the source's: the branch records the source's
+    save_config(replace(cfg, warm_start=replace(cfg.warm_start, episodes=episodes + 5)), tmp_path / "cfg.toml")
     branch = tmp_path / "branch"
     args = ["train", str(tmp_path / "cfg.toml"), f"run_dir={branch}", "rl.lr=5e-5", "shaping.cost_needs_pass=true",
             "--branch-from", f"{first}:0"]
+    assert main(args[:3] + ["warm_start.lr=0.1"] + args[3:]) == 2  # on the command line: refused, before any work
+    assert "warm_start.lr: a branch starts from" in capsys.readouterr().err and not branch.exists()
     assert main(args) == 0
+    assert f"warm_start.episodes: {episodes} (config: {episodes + 5})" in capsys.readouterr().out
+    assert load_config(TrainConfig, branch / "config.toml").warm_start == cfg.warm_start
     rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
     assert not any("loss/sft" in r for r in rows[len([r for r in rows if r["step"] <= 0]):])  # no new warm start
     assert [r["step"] for r in rows if "rl/reward_mean" in r] == [1]

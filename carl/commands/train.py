@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = _load(config_path, overrides)
     run_dir = Path(cfg.run_dir)
     if args.branch_from:
-        from carl.train.state import branch_run, branch_task_files, warm_eval_changes
+        from carl.train.state import (INHERITED_SETTINGS, branch_run, branch_task_files, inherited_settings,
+                                      is_under, setting_changes, warm_eval_changes)
 
         source, _, step = args.branch_from.partition(":")
         if not step.isdigit() and step:
@@ -39,9 +40,18 @@ def run(args: argparse.Namespace) -> int:
         source_dir = Path(source)
         if source_dir.resolve() == run_dir.resolve():
             raise UserError(f"--branch-from: {source!r} is this run's own run_dir; give the branch its own run_dir=...")
-        given = {o.split("=", 1)[0] for o in overrides}
+        given = {o.split("=", 1)[0].strip() for o in overrides}
+        explicit = sorted(k for k in given if is_under(k, INHERITED_SETTINGS))
+        if explicit:
+            raise UserError(f"--branch-from: {', '.join(explicit)}: a branch starts from {source}'s checkpoint and "
+                            f"runs no warm start of its own, so these settings cannot apply to it; drop them, or "
+                            f"train a new run (without --branch-from) to get a warm start made with them")
         files = [f"{k}={v}" for k, v in branch_task_files(source_dir).items() if k not in given]
-        cfg = _load(config_path, files + overrides)
+        moot = setting_changes(source_dir, _load(config_path, files + overrides), INHERITED_SETTINGS)
+        if moot:  # the config file's (or the defaults') warm start is not the one this branch has
+            print(f"--branch-from: the warm start is {source}'s, so this run records the settings that made it, "
+                  f"not its config's: {'; '.join(c.replace(' -> ', ' (config: ') + ')' for c in moot)}")
+        cfg = _load(config_path, files + inherited_settings(source_dir) + overrides)
         changes = warm_eval_changes(source_dir, cfg)
         if changes and int(step or 0) == 0:
             print(f"--branch-from: the warm start is evaluated again, as its eval settings differ from "

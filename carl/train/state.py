@@ -176,6 +176,22 @@ def warm_eval_changes(source: Path, cfg: Any) -> list[str]:
     return changes
 
 
+INHERITED_SETTINGS = ("warm_start",)
+"""What made the checkpoint a branch starts from: a branch runs no warm start of its own, so it takes
+these from its source, and its config.toml records the warm start it has."""
+
+
+def inherited_settings(source: Path) -> list[str]:
+    """`source`'s settings under INHERITED_SETTINGS, as overrides `key=VALUE`."""
+    import tomllib
+
+    from carl.config import load_config, to_toml, toml_value
+    from carl.train.config import TrainConfig
+
+    flat = _flatten(tomllib.loads(to_toml(load_config(TrainConfig, source / "config.toml"))))
+    return [f"{k}={toml_value(v)}" for k, v in flat.items() if is_under(k, INHERITED_SETTINGS)]
+
+
 def setting_changes(source: Path, cfg: Any, prefixes: tuple[str, ...]) -> list[str]:
     """The settings under `prefixes` (a dotted key or section, e.g. "warm_start") on which `cfg` differs
     from the run at `source`, as `key: old -> new`."""
@@ -187,7 +203,12 @@ def setting_changes(source: Path, cfg: Any, prefixes: tuple[str, ...]) -> list[s
     source_cfg = load_config(TrainConfig, source / "config.toml")  # defaults and renamed keys as `cfg` has them
     old, new = (_flatten(tomllib.loads(to_toml(c))) for c in (source_cfg, cfg))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
-            if any(k == s or k.startswith(s + ".") for s in prefixes) and old.get(k) != new.get(k)]
+            if is_under(k, prefixes) and old.get(k) != new.get(k)]
+
+
+def is_under(key: str, prefixes: tuple[str, ...]) -> bool:
+    """`key` is one of `prefixes` or a setting in one of their sections ("rl.lr" is under "rl")."""
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
