@@ -21,6 +21,10 @@ ROWS = [
     ("real-repos-2026-12-05/c954498-warm.json", "two-rule demo (c954498, 1d4254d): warm start"),
     ("real-repos-2026-12-05/c954498-rl.json", "two-rule demo c954498: RL (held-out micro +0.625)"),
     ("real-repos-2026-12-05/1d4254d-rl.json", "two-rule demo 1d4254d: RL (held-out micro +0.406)"),
+    ("real-repos-2026-12-07/seed10-warm.json", "64-episode default, fresh seed 10: warm start"),
+    ("real-repos-2026-12-07/seed10-rl.json", "64-episode default, fresh seed 10: RL (held-out micro +0.435)"),
+    ("real-repos-2026-12-07/seed12-warm.json", "64-episode default, fresh seed 12: warm start"),
+    ("real-repos-2026-12-07/seed12-rl.json", "64-episode default, fresh seed 12: RL (held-out micro +0.346)"),
 ]
 
 
