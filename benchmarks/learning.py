@@ -54,7 +54,8 @@ from carl.errors import UserError
 from carl.eval.paired import over_tasks, paired_difference
 from carl.eval.seeds import seed_spread
 from carl.train.checkpoint import load_state, save_state
-from carl.train.state import branch_run, branch_task_files, extend_run, setting_changes, warm_eval_changes
+from carl.train.state import (INHERITED_SETTINGS, branch_run, branch_task_files, extend_run, setting_changes,
+                              warm_eval_changes)
 
 ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
     "grpo": ["rl.sd_weight=0", "shaping.tool_error_cost=0"],
@@ -302,7 +303,7 @@ def refuse_warm_start_changes(first: Path, config: str | None, overrides: list[s
     from carl.train.config import TrainConfig
 
     _require_finished(first)
-    changes = setting_changes(first, load_config(TrainConfig, config, overrides), ("warm_start",))
+    changes = setting_changes(first, load_config(TrainConfig, config, overrides), INHERITED_SETTINGS)
     if changes:
         raise SystemExit(f"arm {arm}: changes the warm start ({'; '.join(changes)}) but would branch from "
                          f"{first}'s; run it as the first arm of its own --out (`--arms {arm}`)")

@@ -295,7 +295,7 @@ def test_branch_from_and_extend_are_train_options(tmp_path, finished, capsys):
     assert main(args[:3] + ["warm_start.lr=0.1"] + args[3:]) == 2  # on the command line: refused, before any work
     assert "warm_start.lr: a branch starts from" in capsys.readouterr().err and not branch.exists()
     assert main(args) == 0
-    assert f"warm_start.episodes: {episodes} (config: {episodes + 5})" in capsys.readouterr().out
+    assert f"warm_start.episodes: {episodes} -> {episodes + 5}" in capsys.readouterr().out
     assert load_config(TrainConfig, branch / "config.toml").warm_start == cfg.warm_start
     rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
     assert not any("loss/sft" in r for r in rows[len([r for r in rows if r["step"] <= 0]):])  # no new warm start

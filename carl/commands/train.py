@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         moot = setting_changes(source_dir, _load(config_path, files + overrides), INHERITED_SETTINGS)
         if moot:  # the config file's (or the defaults') warm start is not the one this branch has
             print(f"--branch-from: the warm start is {source}'s, so this run records the settings that made it, "
-                  f"not its config's: {'; '.join(c.replace(' -> ', ' (config: ') + ')' for c in moot)}")
+                  f"not its config's ({source} -> config): {'; '.join(moot)}")
         cfg = _load(config_path, files + inherited_settings(source_dir) + overrides)
         changes = warm_eval_changes(source_dir, cfg)
         if changes and int(step or 0) == 0:
