@@ -268,7 +268,10 @@ class RLConfig:
     default: on the embedded default, GRPO + self-distillation at 0.5 scored below GRPO alone on
     held-out tasks on each of 4 seeds (benchmarks/learning.py; docs/training.md), and its
     gradient was ~4x GRPO's (median grad norm 0.31 vs 0.075), so after Adam's normalization the
-    update was mostly self-distillation."""
+    update was mostly self-distillation. On the 64-episode default (fresh seeds 10-14, same warm
+    starts and 64-rollout budget) it was within noise of GRPO over seeds (-0.090, 95% interval
+    -0.445 to +0.265), one seed collapsing (docs/training.md, "Self-distillation on the 64-episode
+    default")."""
     kl_coef: float = 0.0
     """Weight of a KL penalty to the weights RL started from (checkpoint step 0), on the sampled
     tokens (carl.rl.kl); 0 turns it off and skips the reference model's forward pass. With
