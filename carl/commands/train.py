@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                             f"runs no warm start of its own, so these settings cannot apply to it; drop them, or "
                             f"train a new run (without --branch-from) to get a warm start made with them")
         files = [f"{k}={v}" for k, v in branch_task_files(source_dir).items() if k not in given]
-        moot = setting_changes(source_dir, _load(config_path, files + overrides), INHERITED_SETTINGS)
+        moot = setting_changes(source_dir, cfg, INHERITED_SETTINGS)  # the task files leave warm_start.* alone
         if moot:  # the config file's (or the defaults') warm start is not the one this branch has
             print(f"--branch-from: the warm start is {source}'s, so this run records the settings that made it, "
                   f"not its config's ({source} -> config): {'; '.join(moot)}")
