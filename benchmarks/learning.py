@@ -30,9 +30,11 @@ seeds: the mean, the sample standard deviation and the 95% Student t-interval of
 (`carl.eval.seeds`) of warm start, after RL and RL - warm start, whether that interval excludes 0,
 how many seeds improved and how many by more than 2 paired standard errors (by each), tokens per episode and
 the tool-call error rate of the RL rollouts. Task counts are not pooled over seeds into one test:
-the seeds, not the tasks, are the replicates of an RL run. Results go to <out>/learning.json (every
-run's row, the over-seeds statistics per arm) and <out>/learning.png (one line per seed: warm start
--> after RL).
+the seeds, not the tasks, are the replicates of an RL run. With several arms, each later arm against
+the first after RL, seed by seed on the same held-out tasks and random numbers (the difference ± its
+s.e. over tasks), and that difference over seeds. Results go to <out>/learning.json (every run's
+row, the over-seeds statistics per arm, `against_first`) and <out>/learning.png (one line per seed:
+warm start -> after RL).
 
 Cost: the first arm of a seed is one full run of the default (11-14 minutes on a 2-core Zen 4 in
 bf16 with the 64-episode warm start, 2026-12-07, 9-12 with 32; about twice that in fp32 on an
@@ -178,9 +180,12 @@ def main() -> None:
     if not results:
         raise SystemExit(f"no finished runs under {args.out}")
     print_summary(results)
+    against = against_first(Path(args.out), results)
+    print_against(against)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "learning.json").write_text(json.dumps(
-        {"runs": results, "over_seeds": {arm: over_seeds(rows) for arm, rows in results.items()}}, indent=2))
+        {"runs": results, "over_seeds": {arm: over_seeds(rows) for arm, rows in results.items()},
+         "against_first": against}, indent=2))
     plot(results, Path(args.out) / "learning.png")
     if args.keep:
         keep(Path(args.out), Path(args.keep), [f"seed{r['seed']}_{arm}" for arm, rows in results.items() for r in rows])
@@ -389,6 +394,52 @@ def task_changes(run_dir: Path) -> dict:
         d = paired_difference(warm, rl)
         changes |= {"paired_diff": d.diff, "paired_se": d.se_paired, "paired_se_tasks": over_tasks(d).se_paired}
     return changes
+
+
+def against_first(out: Path, results: dict[str, list[dict]]) -> dict[str, dict]:
+    """After RL, each later arm against the first on the same seed: the difference of held-out pass@1
+    on the tasks both final evals scored, paired sample by sample (the arms branch from one warm start
+    and are evaluated with one sampler seed), with its standard error over tasks; then over the seeds
+    both finished, the mean, sample sd and 95% t-interval of those differences, and how many seeds
+    put the arm above or below the first beyond 2 standard errors. {} with one arm, or for eval
+    reports without per-sample outcomes."""
+    first, *later = results
+    against = {}
+    for arm in later:
+        rows = []
+        for seed in sorted({r["seed"] for r in results[first]} & {r["seed"] for r in results[arm]}):
+            reports = [sorted((out / f"seed{seed}_{name}" / "eval").glob("step*.json")) for name in (first, arm)]
+            if not all(reports):
+                continue
+            a, b = (json.loads(paths[-1].read_text()) for paths in reports)
+            if not all("outcomes" in t for r in (a, b) for t in r["tasks"]):
+                continue
+            d = paired_difference(a, b)
+            rows.append({"seed": seed, "tasks": d.tasks, "first": d.pass_a, "arm": d.pass_b, "diff": d.diff,
+                         "se_tasks": over_tasks(d).se_paired, "tasks_better": d.tasks_better,
+                         "tasks_worse": d.tasks_worse})
+        if rows:
+            diffs = [r["diff"] for r in rows]
+            against[arm] = {"first": first, "rows": rows, "over_seeds": seed_spread(diffs).to_dict(),
+                            "above_2se": sum(r["diff"] > 2 * r["se_tasks"] for r in rows),
+                            "below_2se": sum(r["diff"] < -2 * r["se_tasks"] for r in rows)}
+    return against
+
+
+def print_against(against: dict[str, dict]) -> None:
+    """`against_first`, as one table per later arm and the spread over seeds in words."""
+    for arm, a in against.items():
+        print(f"\nafter RL, {arm} - {a['first']} (same warm start, held-out tasks and sampler seed; "
+              "s.e. over tasks)")
+        print("| seed | tasks | first | arm | arm - first ± s.e. | z | tasks better / worse |")
+        print("|---|---|---|---|---|---|---|")
+        for r in a["rows"]:
+            z = f"{r['diff'] / r['se_tasks']:.1f}" if r["se_tasks"] else "-"
+            print(f"| {r['seed']} | {r['tasks']} | {r['first']:.3f} | {r['arm']:.3f} | {r['diff']:+.3f} ± "
+                  f"{r['se_tasks']:.3f} | {z} | {r['tasks_better']} / {r['tasks_worse']} |")
+        spread = seed_spread([r["diff"] for r in a["rows"]])
+        print(f"  {arm} - {a['first']}: {spread.format(signed=True)}: {spread.in_words()}; "
+              f"{a['above_2se']} of {spread.n} seeds above beyond 2 s.e., {a['below_2se']} below")
 
 
 def _passes(report: dict) -> dict[str, int]:

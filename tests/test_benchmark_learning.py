@@ -299,3 +299,24 @@ def test_keep_copies_what_the_summary_reads_and_no_checkpoint(tmp_path):
 def test_every_arm_is_a_valid_config(arm):
     # a misspelt key or a bad value in an arm fails here, not after a warm start of 20 minutes
     load_config(TrainConfig, None, learning.ARMS[arm])
+
+
+def test_against_first_pairs_each_later_arm_with_the_first_after_rl(tmp_path, capsys):
+    for seed, first, arm in ((0, {"a": "00", "b": "10", "c": "11"}, {"a": "11", "b": "10", "c": "11"}),
+                             (1, {"a": "10", "b": "00", "c": "11"}, {"a": "10", "b": "00", "c": "00"})):
+        for name, outcomes in (("grpo", first), ("grpo+x", arm)):
+            _outcomes_report(tmp_path / f"seed{seed}_{name}" / "eval" / "step000000.json", {"a": "00", "b": "00", "c": "00"})
+            _outcomes_report(tmp_path / f"seed{seed}_{name}" / "eval" / "step000005.json", outcomes)
+    results = {"grpo": [_row(0, 0, 0), _row(1, 0, 0), _row(2, 0, 0)], "grpo+x": [_row(0, 0, 0), _row(1, 0, 0)]}
+    against = learning.against_first(tmp_path, results)
+    a = against["grpo+x"]
+    assert a["first"] == "grpo" and [r["seed"] for r in a["rows"]] == [0, 1]  # seed 2: no grpo+x run
+    # seed 0: per-task arm - first = +1, 0, 0 -> +1/3, s.e. over tasks sd(1, 0, 0) / sqrt(3) = 0.333;
+    # seed 1: 0, 0, -1 -> -1/3, the same s.e.
+    assert [r["diff"] for r in a["rows"]] == pytest.approx([1 / 3, -1 / 3])
+    assert [r["se_tasks"] for r in a["rows"]] == pytest.approx([1 / 3, 1 / 3])
+    assert a["over_seeds"]["mean"] == pytest.approx(0) and a["over_seeds"]["sd"] == pytest.approx(0.4714, abs=1e-4)
+    assert (a["above_2se"], a["below_2se"]) == (0, 0)
+    learning.print_against(against)
+    assert "grpo+x - grpo" in capsys.readouterr().out
+    assert learning.against_first(tmp_path, {"grpo": results["grpo"]}) == {}
