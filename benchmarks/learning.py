@@ -36,9 +36,9 @@ s.e. over tasks), and that difference over seeds. Results go to <out>/learning.j
 row, the over-seeds statistics per arm, `against_first`) and <out>/learning.png (one line per seed:
 warm start -> after RL).
 
-Cost: the first arm of a seed is one full run of the default (11-14 minutes on a 2-core Zen 4 in
+Cost: the first arm of a seed is one full run of the default (11-19 minutes on a 2-core Zen 4 in
 bf16 with the 64-episode warm start, 2026-12-07, 9-12 with 32; about twice that in fp32 on an
-AVX2-only CPU); each further arm adds its RL phase and final eval (5-6 minutes there; 6-10 with its
+AVX2-only CPU); each further arm adds its RL phase and final eval (5-8 minutes there; 6-10 with its
 own 48-repo held-out set, whose warm-start eval it adds).
 """
 
@@ -62,6 +62,7 @@ from carl.train.state import (INHERITED_SETTINGS, branch_run, branch_task_files,
 ARMS = {  # each arm pins what it compares, so a changed default does not change what a run directory means
     "grpo": ["rl.sd_weight=0", "shaping.tool_error_cost=0"],
     "grpo+errcost": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1"],
+    # a pass that never called finish scored as a fail (seeds 15-19: +0.004 after RL, within noise)
     "grpo+errcost+finish": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.require_finish=true"],
     # episodes that end without finish are left out of training instead of scored (DAPO's overlong filtering)
     "grpo+errcost+mask": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "shaping.mask_unfinished=true"],
@@ -383,14 +384,14 @@ def task_changes(run_dir: Path) -> dict:
     reports kept per-sample outcomes, the paired difference of pass@1 and its two standard errors: over
     tasks (`paired_se_tasks`, as `carl train`'s verdict: which tasks were drawn counts too, the noise of
     a claim about held-out tasks of their kind) and the samples' luck on these tasks alone (`paired_se`)."""
-    reports = sorted((run_dir / "eval").glob("step*.json"))
+    reports = eval_reports(run_dir)
     if len(reports) < 2:
         return {}
     warm, rl = (json.loads(p.read_text()) for p in (reports[0], reports[-1]))
     warm_passes, rl_passes = _passes(warm), _passes(rl)
     changes = {"tasks_better": sum(rl_passes.get(t, 0) > n for t, n in warm_passes.items()),
                "tasks_worse": sum(rl_passes.get(t, 0) < n for t, n in warm_passes.items())}
-    if all("outcomes" in t for r in (warm, rl) for t in r["tasks"]):  # reports since 2026-11-27
+    if with_outcomes(warm, rl):
         d = paired_difference(warm, rl)
         changes |= {"paired_diff": d.diff, "paired_se": d.se_paired, "paired_se_tasks": over_tasks(d).se_paired}
     return changes
@@ -408,11 +409,11 @@ def against_first(out: Path, results: dict[str, list[dict]]) -> dict[str, dict]:
     for arm in later:
         rows = []
         for seed in sorted({r["seed"] for r in results[first]} & {r["seed"] for r in results[arm]}):
-            reports = [sorted((out / f"seed{seed}_{name}" / "eval").glob("step*.json")) for name in (first, arm)]
+            reports = [eval_reports(out / f"seed{seed}_{name}") for name in (first, arm)]
             if not all(reports):
                 continue
             a, b = (json.loads(paths[-1].read_text()) for paths in reports)
-            if not all("outcomes" in t for r in (a, b) for t in r["tasks"]):
+            if not with_outcomes(a, b):
                 continue
             d = paired_difference(a, b)
             rows.append({"seed": seed, "tasks": d.tasks, "first": d.pass_a, "arm": d.pass_b, "diff": d.diff,
@@ -440,6 +441,16 @@ def print_against(against: dict[str, dict]) -> None:
         spread = seed_spread([r["diff"] for r in a["rows"]])
         print(f"  {arm} - {a['first']}: {spread.format(signed=True)}: {spread.in_words()}; "
               f"{a['above_2se']} of {spread.n} seeds above beyond 2 s.e., {a['below_2se']} below")
+
+
+def eval_reports(run_dir: Path) -> list[Path]:
+    """The run's per-task eval reports in step order (step 0: the warm start; the last: after RL)."""
+    return sorted((run_dir / "eval").glob("step*.json"))
+
+
+def with_outcomes(*reports: dict) -> bool:
+    """Whether every task of the reports kept its per-sample outcomes (reports since 2026-11-27)."""
+    return all("outcomes" in t for r in reports for t in r["tasks"])
 
 
 def _passes(report: dict) -> dict[str, int]:
