@@ -31,6 +31,11 @@
          once per sequence, from the same weights on the same rollouts; then warm-start epochs on
          the same sequences (batches of 4), shared against not: full passes (the first epoch's),
          and top-block passes on the trunk cache's kept states (the later epochs')
+    (g)  the output head at the (row, position) pairs a micro-batch scores (carl.rl.logprobs.scored_head)
+         against the head at every position some row of it scores (`logits_to_keep`, the code before
+         2026-12-07, kept below as the baseline), on rollouts whose turns start at different offsets
+         in different rows (as real episodes' do): warm-start epochs on the trunk cache's kept states,
+         and rl_step, from the same weights on the same rollouts (no shared prompt in either arm)
 
 Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
 (b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
@@ -86,7 +91,7 @@ def main() -> None:
                         "the device computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart,prefix,prefix-warmstart")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart,prefix,prefix-warmstart,head")
     p.add_argument("--trainable-layers", type=int, default=6, help="(d) model.trainable_layers")
     p.add_argument("--turns", type=int, default=4, help="(c) turns per episode")
     p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
@@ -115,6 +120,8 @@ def main() -> None:
             results.update(bench_warm_start(path, args, iters))
         if "prefix" not in args.skip:
             results.update(bench_shared_prompt(path, args, iters))
+        if "head" not in args.skip:
+            results.update(bench_scored_head(path, args, iters))
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -170,16 +177,18 @@ def bench_train(path: Path, args: argparse.Namespace, iters: int) -> dict[str, f
     return out
 
 
-def synthetic_groups(batch: int, seq_len: int, gen_frac: float, vocab: int, group_size: int = 4) -> list[list[Rollout]]:
+def synthetic_groups(batch: int, seq_len: int, gen_frac: float, vocab: int, group_size: int = 4,
+                     stagger: int = 0) -> list[list[Rollout]]:
     """`batch` rollouts in groups of `group_size`: a prompt (1/4 of the tokens), then turns of 128
-    tokens whose first part was sampled, so that `gen_frac` of all tokens were sampled."""
+    tokens whose first part was sampled, so that `gen_frac` of all tokens were sampled; with
+    `stagger`, rollout b's turns start b x stagger tokens later (mod 128) than rollout 0's."""
     prompt = seq_len // 4
     gen_per_turn = max(1, round(128 * gen_frac * seq_len / (seq_len - prompt)))
     g = torch.Generator().manual_seed(0)
     groups: list[list[Rollout]] = []
     for b in range(batch):
         ids = torch.randint(3, vocab, (seq_len,), generator=g).tolist()
-        mask = [prompt <= t and (t - prompt) % 128 < gen_per_turn for t in range(seq_len)]
+        mask = [prompt <= t and (t - prompt - b * stagger) % 128 < gen_per_turn for t in range(seq_len)]
         seg = Segment(token_ids_T=ids, generated_mask_T=mask, logprobs_T=[-2.0 if m else 0.0 for m in mask])
         rollout = Rollout(TASK, Trajectory(task_id=TASK.instance_id, segments=[seg]), reward=float(b % 2),
                           passed=b % 2 == 1)
@@ -426,6 +435,86 @@ def bench_shared_prompt_warm_start(model, optimizer, pad_id, compute_dtype, grou
           f"(ratio {t_first_full / t_first:.2f}); on the kept trunk states {t_top:.2f} s vs {t_top_full:.2f} s "
           f"(ratio {t_top_full / t_top:.2f})")
     return out
+
+
+# ---------------------------------------------------------------- (g) the head at scored pairs vs at scored positions
+
+
+def bench_scored_head(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    import contextlib
+    import random
+
+    import carl.train.step
+    import carl.train.warm_start
+    from carl.train.warm_start import TrunkCache, sft_epoch
+
+    tokenizer, model, optimizer, pad_id, compute_dtype = top_trained(path, args)
+    groups = synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size, stagger=37)
+    data = [replace(r, passed=True, reward=1.0) for g in groups for r in g]
+    trunk = TrunkCache(model, args.trainable_layers)
+    sft_epoch(model, optimizer, data, pad_id, batch_size=4, micro_batch_tokens=args.micro_batch_tokens, grad_clip=1.0,
+              rng=random.Random(0), compute_dtype=compute_dtype, trunk=trunk)  # keeps the trunk's states
+    if not trunk.enabled:
+        raise SystemExit(f"(g) the trunk cache turned itself off at --trainable-layers {args.trainable_layers}")
+
+    @contextlib.contextmanager
+    def head(union: bool):
+        modules = (carl.train.warm_start, carl.train.step)
+        kept = [m.sequence_logprobs for m in modules]
+        if union:
+            for m in modules:
+                m.sequence_logprobs = union_head_logprobs
+        try:
+            yield
+        finally:
+            for m, f in zip(modules, kept):
+                m.sequence_logprobs = f
+
+    def epoch(union: bool):
+        def run() -> None:
+            with head(union):
+                sft_epoch(model, optimizer, data, pad_id, batch_size=4, micro_batch_tokens=args.micro_batch_tokens,
+                          grad_clip=1.0, rng=random.Random(0), compute_dtype=compute_dtype, trunk=trunk)
+        return run
+
+    cfg = RLConfig(sd_weight=0.0, micro_batch_tokens=args.micro_batch_tokens, share_prefix=False)
+
+    def step(union: bool):
+        def run() -> None:
+            with head(union):
+                rl_step(model, optimizer, None, groups, cfg, tokenizer, pad_id,
+                        token_normalizer=float(args.batch * args.seq_len), compute_dtype=compute_dtype)
+        return run
+
+    t_epoch, t_epoch_union = timed_pair(epoch(False), epoch(True), iters, args.device)
+    t_step, t_step_union = timed_pair(step(False), step(True), iters, args.device)
+    scored = sum(sum(r.trajectory.segments[0].generated_mask_T) for r in data)
+    out = {"head_sft_cached_epoch_pairs_s": t_epoch, "head_sft_cached_epoch_union_s": t_epoch_union,
+           "head_sft_ratio_union_over_pairs": t_epoch_union / t_epoch,
+           "head_step_pairs_s": t_step, "head_step_union_s": t_step_union,
+           "head_step_ratio_union_over_pairs": t_step_union / t_step, "head_scored_tokens": scored}
+    print(f"(g)  head at scored pairs vs at scored positions: warm-start epoch on the kept trunk states {t_epoch:.2f} s vs "
+          f"{t_epoch_union:.2f} s (ratio {t_epoch_union / t_epoch:.2f}); rl_step {t_step:.2f} s vs {t_step_union:.2f} s "
+          f"(ratio {t_step_union / t_step:.2f})")
+    return out
+
+
+def union_head_logprobs(model, token_ids_B_T, attention_mask_B_T, temperature=1.0, return_logits=False,
+                        score_mask_B_T=None, inputs_embeds_B_T_D=None, prefix_len=0):
+    """The baseline of (g): sequence_logprobs's scored path before 2026-12-07 (no shared prompt),
+    the head at every position that some row scores, for every row."""
+    from carl.rl.logprobs import right_padded, token_logprobs
+
+    if prefix_len or return_logits or score_mask_B_T is None:
+        raise SystemExit("(g) the baseline covers scored passes without a shared prompt or logits only")
+    inputs = {"input_ids": token_ids_B_T} if inputs_embeds_B_T_D is None else {"inputs_embeds": inputs_embeds_B_T_D}
+    model_mask_B_T = None if right_padded(attention_mask_B_T) else attention_mask_B_T
+    targets_K = torch.nonzero(score_mask_B_T[:, 1:].any(0)).squeeze(-1) + 1
+    logits_B_K_V = model(**inputs, attention_mask=model_mask_B_T, use_cache=False,
+                         logits_to_keep=(targets_K - 1).to(token_ids_B_T.device)).logits
+    scored_B_K = token_logprobs(logits_B_K_V, token_ids_B_T[:, targets_K], temperature)
+    logprobs_B_T = scored_B_K.new_zeros(token_ids_B_T.shape).index_copy(1, targets_K, scored_B_K)
+    return logprobs_B_T * attention_mask_B_T.to(logprobs_B_T.dtype)
 
 
 # ---------------------------------------------------------------- helpers
