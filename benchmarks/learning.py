@@ -345,7 +345,8 @@ def build_split(first: Path, run_dir: Path, split: str, repos: int) -> str:
     m, backend = config["micro"], config.get("sandbox", {}).get("backend", "bwrap")
     world = build_micro_tasks(run_dir / "micro", m["seed"], m["difficulty"], {split: repos}, m["modules_per_repo"],
                               m["defs_per_module"], m["max_tasks_per_repo"], backend=backend,
-                              progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"))
+                              progress=lambda split, s, r: r and print(f"  micro {split} repo {s}: {r.n_tasks} tasks"),
+                              templates={split: m["templates"]} if m.get("templates") else None)
     if m.get("templates"):
         keep_templates(world, m["templates"], run_dir / "micro", splits=(split,))
         return str(templates_file(run_dir / "micro", split))

@@ -47,9 +47,9 @@ def test_a_repo_that_gives_no_tasks_stops_the_build_and_names_the_repo(tmp_path,
     real = world_mod.build_repo
     started = []
 
-    def build_repo(spec, out, cfg):
+    def build_repo(spec, out, cfg, **kw):
         started.append(spec)
-        result = real(spec, out, cfg)
+        result = real(spec, out, cfg, **kw)
         if spec.endswith("repo1"):  # the second warm-start repo
             result.status, result.error = "failed", "RepoFailure: no test passed twice"
         return result
@@ -86,3 +86,33 @@ def test_keep_templates_cuts_rl_and_eval_to_the_named_templates_and_writes_them(
     with pytest.raises(ValueError, match=r"\['tag'\] match no rl task of this world; its rl tasks' templates are "
                                          r"\['clamp', 'scale', 'shift'\]"):
         keep_templates(world, ["shift", "tag"], tmp_path)
+
+
+def test_a_split_cut_to_templates_validates_only_theirs_and_keeps_the_same_tasks(tmp_path):
+    """Built with `templates`, a split holds exactly the tasks keep_templates cuts from a full build
+    of the same repos, and the other templates' candidates were never validated."""
+    from carl.micro.world import keep_templates, template
+
+    repos = {"rl": 2, "eval": 2}
+    results = {}
+    full = build_micro_tasks(tmp_path / "full", seed=3, difficulty=4, repos=repos, max_tasks_per_repo=3,
+                             backend="local", jobs=2)
+    names = sorted({template(t) for t in full["rl"]} & {template(t) for t in full["eval"]})
+    assert names and any(template(t) not in names[:1] for split in repos for t in full[split])
+    keep = names[:1]  # a template both splits have; the others' tasks are what the cut drops
+    cut = keep_templates(full, keep, tmp_path / "full")
+    built = build_micro_tasks(tmp_path / "cut", seed=3, difficulty=4, repos=repos, max_tasks_per_repo=3,
+                              backend="local", jobs=2, templates={split: keep for split in repos},
+                              progress=lambda split, s, r: results.setdefault(split, []).append(r))
+    for split in repos:
+        assert [t.instance_id for t in built[split]] == [t.instance_id for t in cut[split]]
+        assert sum(r.n_attempts for r in results[split]) == len(cut[split])  # validated: the kept tasks only
+        assert sum(r.n_unused for r in results[split]) == len(full[split]) - len(cut[split])
+
+
+def test_templates_that_no_task_of_a_split_has_are_named(tmp_path):
+    from carl.errors import UserError
+
+    with pytest.raises(UserError, match=r"micro.templates: \['nosuch'\] match no rl task of the 1 rl repos"):
+        build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"rl": 1}, max_tasks_per_repo=2, backend="local",
+                          templates={"rl": ["nosuch"]})

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from carl.errors import UserError
 from carl.micro.generate import generate_repo
 from carl.tasks import TaskRecord, load_tasks, write_tasks
 from carl.tasks.build import BuildConfig, build_repo, finished_specs, record_finished
@@ -42,7 +43,8 @@ def split_seeds(split: str, seed: int, num_repos: int) -> list[int]:
 
 def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Mapping[str, int],
                       modules_per_repo: int = 2, defs_per_module: int = 3, max_tasks_per_repo: int = 4,
-                      backend: str = "bwrap", progress=None, jobs: int = 0) -> dict[str, list[TaskRecord]]:
+                      backend: str = "bwrap", progress=None, jobs: int = 0,
+                      templates: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[TaskRecord]]:
     """Generate each split's repos and build their tasks (stub-mode function and method deletions).
 
     `repos` maps a split ("warm_start", "rl", "eval") to its number of repos; returns the tasks of
@@ -53,6 +55,13 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
     core busy meanwhile (the default world on 2 cores: 78-85 s with 1 job, 57-59 s with 2). Which
     tasks a repo yields does not depend on it (each repo takes its first valid candidates in plan
     order), so the world is the same for any `jobs`.
+
+    `templates` maps a split to the templates a run keeps of it (`keep_templates`): that split's
+    repos validate only those templates' candidates, and the others take their places in the repo's
+    quota unvalidated (`build_repo`'s `unused`), so the split holds the tasks `keep_templates` would
+    cut from a full build (every micro candidate validates: 216 of 216 in the default's world) for
+    the validation runs of its tasks alone: the default's RL and held-out repos validate 31 tasks
+    instead of 120.
     """
     if jobs < 0:
         raise ValueError(f"jobs: got {jobs}, expected >= 0 (0: one per 2 cores, at least 2)")
@@ -74,7 +83,9 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
         if not repo_dir.exists():
             generate_repo(repo_dir, seed=s, difficulty=difficulty, num_modules=modules_per_repo,
                           defs_per_module=defs_per_module)
-        result = build_repo(str(repo_dir), tasks_path, cfg)
+        kept = (templates or {}).get(split)
+        result = build_repo(str(repo_dir), tasks_path, cfg,
+                            unused=(lambda cand: symbol_template(cand.symbols[0]) not in kept) if kept else None)
         record_finished(tasks_path, result)
         if result.status == "failed":
             raise RuntimeError(f"micro repo {repo_dir} gave no tasks: {result.error}")
@@ -92,6 +103,10 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
         tasks_path = out / f"{split}.jsonl"
         # sorted: repos and their validations append tasks in completion order, the world must not depend on it
         world[split] = sorted(load_tasks(tasks_path) if tasks_path.exists() else [], key=lambda t: t.instance_id)
+        if num_repos and not world[split] and (templates or {}).get(split):
+            raise UserError(f"micro.templates: {list(templates[split])} match no {split} task of the {num_repos} "
+                            f"{split} repos of this world (more micro.{split}_repos may bring them; "
+                            "micro.templates=[] keeps every template)")
         if num_repos and not world[split]:
             raise RuntimeError(f"micro world built no {split} tasks from {num_repos} repos "
                                f"(see the drop reasons in {out / (split + '.store')})")
@@ -101,7 +116,12 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
 def template(task: TaskRecord) -> str:
     """A micro task's template: its deleted function's name without the noun ("pkg.mod:shift_price" -> shift,
     "pkg.mod:Meter.reset_total" -> reset)."""
-    return re.split(r"[.:]", task.deleted_symbols[0])[-1].rsplit("_", 1)[0]
+    return symbol_template(task.deleted_symbols[0])
+
+
+def symbol_template(symbol: str) -> str:
+    """The template of a deleted symbol ("pkg.mod:shift_price" -> shift)."""
+    return re.split(r"[.:]", symbol)[-1].rsplit("_", 1)[0]
 
 
 def templates_file(out_dir: str | Path, split: str) -> Path:

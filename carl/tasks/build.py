@@ -33,6 +33,7 @@ from carl.sandbox.base import Sandbox, SandboxConfig
 from carl.tasks.audit import TEXT_SUFFIXES, installed_copies, normalise, text_index
 from carl.tasks.candidates import all_definitions, find_candidates, invert_test_map, plan
 from carl.tasks.catalog import CatalogEntry, read_catalog
+from carl.tasks.delete import Candidate
 from carl.tasks.environment import (
     PURE_PYTHON_ENV,
     dist_name,
@@ -136,6 +137,9 @@ class RepoResult:
     error: str = ""
     n_tasks: int = 0
     n_attempts: int = 0
+    n_unused: int = 0
+    """Candidates the caller said it would not use (`build_repo`'s `unused`): each took its place in
+    the repo's quota unvalidated."""
     drops: Counter = field(default_factory=Counter)
     n_tests: int = 0
     """Tests kept for tasks (passed twice)."""
@@ -204,16 +208,20 @@ def build_repo(
     open_sandbox: SandboxFactory = default_open_sandbox,
     on_task: Callable[[RepoResult], None] | None = None,
     only: frozenset[str] | None = None,
+    unused: Callable[[Candidate], bool] | None = None,
 ) -> RepoResult:
     """Build tasks from one source into `out` (append-only); never raises for a bad repo.
     `only`: validate just the candidates with these instance ids (a suite's smoke subset from its
-    lock), skipping the others unvalidated and uncounted."""
+    lock), skipping the others unvalidated and uncounted. `unused`: candidates the caller would
+    throw away (the micro world's other templates); each takes its place in the repo's quota
+    (`max_per_repo`) unvalidated and unwritten, as if it had validated, so the tasks written are
+    those of a full build that the caller keeps, whenever the unused candidates would validate."""
     result = RepoResult(spec)
     t0 = time.perf_counter()
     store = store_dir(out)
     tmp = store / "tmp" / uuid.uuid4().hex[:12]
     try:
-        _build(spec, out, cfg, open_sandbox, result, store, tmp, on_task, only)
+        _build(spec, out, cfg, open_sandbox, result, store, tmp, on_task, only, unused)
     except UserError:
         raise  # a malformed SOURCE is the user's mistake: say so, do not record it
     except Exception as e:  # noqa: BLE001 -- a bad repository becomes data, the batch goes on
@@ -235,6 +243,7 @@ def _build(
     tmp: Path,
     on_task,
     only: frozenset[str] | None = None,
+    unused: Callable[[Candidate], bool] | None = None,
 ) -> None:
     source, original, source_hash, layout = _fetch_original(spec, store, tmp)
     result.name = source.name
@@ -333,7 +342,7 @@ def _build(
                 wsb = stack.enter_context(closing(open_sandbox(original, sandbox_cfg)))
                 workers.append(dataclasses.replace(ctx, sandbox=wsb, scratch=scratch, stats={}))
             t_validate = time.perf_counter()
-            failing = _make_tasks(workers, candidates, out, cfg, result, store, on_task, only)
+            failing = _make_tasks(workers, candidates, out, cfg, result, store, on_task, only, unused)
             result.validate_s = time.perf_counter() - t_validate
     result.n_failing_tests = len(failing)
     result.warning = few_tests_warning(result.n_tasks, result.n_failing_tests)
@@ -375,6 +384,7 @@ def _environment(original: Path, layout, name: str, entry: CatalogEntry, cfg: Bu
 def _make_tasks(
     workers: list[RepoContext], candidates, out: Path, cfg: BuildConfig, result: RepoResult, store: Path, on_task,
     only: frozenset[str] | None = None,
+    unused: Callable[[Candidate], bool] | None = None,
 ) -> set[str]:
     """Validate candidates in plan order on the worker contexts (one candidate per worker at a time);
     the FAIL_TO_PASS test ids of the repo's tasks (those of an earlier run included).
@@ -392,7 +402,7 @@ def _make_tasks(
 
     def submit_next() -> bool:
         for cand, mode in todo:
-            if result.n_tasks + len(running) >= cfg.max_per_repo or result.n_attempts >= max_attempts:
+            if result.n_tasks + result.n_unused + len(running) >= cfg.max_per_repo or result.n_attempts >= max_attempts:
                 return False
             iid = instance_id(ctx, cand, mode)
             if only is not None and iid not in only:
@@ -400,6 +410,9 @@ def _make_tasks(
             if iid in done:  # made by an interrupted earlier run
                 result.n_tasks += 1
                 failing.update(done[iid])
+                continue
+            if unused is not None and unused(cand):
+                result.n_unused += 1
                 continue
             result.n_attempts += 1
             w = free.pop()

@@ -423,7 +423,8 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, progress: RunProgress) -> di
                    group="micro world")
     world = build_micro_tasks(run_dir / "micro", m.seed, m.difficulty, repos, m.modules_per_repo, m.defs_per_module,
                               m.max_tasks_per_repo, backend=cfg.sandbox.backend,
-                              progress=lambda split, s, r: progress.advance())
+                              progress=lambda split, s, r: progress.advance(),
+                              templates={"rl": m.templates, "eval": m.templates} if m.templates else None)
     progress.end()
     kept = ""
     if m.templates:
