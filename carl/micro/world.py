@@ -66,6 +66,7 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
     if jobs < 0:
         raise ValueError(f"jobs: got {jobs}, expected >= 0 (0: one per 2 cores, at least 2)")
     jobs = jobs or max(2, (os.cpu_count() or 2) // 2)
+    templates = templates or {}
     out = Path(out_dir)
     cfg = BuildConfig(max_per_repo=max_tasks_per_repo, modes=("stub",), kinds=("function", "method"),
                       seed=seed, backend=backend, task_timeout_s=60.0, suite_timeout_s=120.0)
@@ -83,7 +84,7 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
         if not repo_dir.exists():
             generate_repo(repo_dir, seed=s, difficulty=difficulty, num_modules=modules_per_repo,
                           defs_per_module=defs_per_module)
-        kept = (templates or {}).get(split)
+        kept = templates.get(split)
         result = build_repo(str(repo_dir), tasks_path, cfg,
                             unused=(lambda cand: symbol_template(cand.symbols[0]) not in kept) if kept else None)
         record_finished(tasks_path, result)
@@ -103,7 +104,7 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
         tasks_path = out / f"{split}.jsonl"
         # sorted: repos and their validations append tasks in completion order, the world must not depend on it
         world[split] = sorted(load_tasks(tasks_path) if tasks_path.exists() else [], key=lambda t: t.instance_id)
-        if num_repos and not world[split] and (templates or {}).get(split):
+        if num_repos and not world[split] and templates.get(split):
             raise UserError(f"micro.templates: {list(templates[split])} match no {split} task of the {num_repos} "
                             f"{split} repos of this world (more micro.{split}_repos may bring them; "
                             "micro.templates=[] keeps every template)")
