@@ -37,6 +37,12 @@
          in different rows (as real episodes' do): warm-start epochs on the trunk cache's kept states,
          and rl_step, from the same weights on the same rollouts (no shared prompt in either arm)
 
+    (h)  the first warm-start epoch from an empty trunk cache, on rollouts that start with the same
+         --shared-prompt tokens (turns staggered as in (g)): the trunk's states kept before it
+         (`TrunkCache.fill`: the prompt through the trunk once, then every rest; all micro-batches but
+         the first then run the top blocks only) against keeping them during its full passes (the
+         code before 2026-12-07: the prompt through the trunk once per micro-batch)
+
 Tokens per second are over all tokens of the batch for (a)/(a') and over generated tokens for
 (b)/(b'); each number is the median of --iters timed runs (carl and plain alternating) after one
 warm-up each, and the ratios
@@ -91,12 +97,14 @@ def main() -> None:
                         "the device computes it natively, else fp32 (carl.engine.hf.auto_dtype)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one timed run each")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart,prefix,prefix-warmstart,head")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: train,generate,multiturn,kl,warmstart,prefix,prefix-warmstart,head,fill")
     p.add_argument("--trainable-layers", type=int, default=6, help="(d) model.trainable_layers")
     p.add_argument("--turns", type=int, default=4, help="(c) turns per episode")
     p.add_argument("--obs-len", type=int, default=96, help="(c) observation tokens appended after each turn")
     p.add_argument("--shared-prompt", type=int, default=1150,
                    help="(f) tokens every rollout starts with (the micro world's system + task prompt: about 1,150)")
+    p.add_argument("--len-jitter", type=float, default=0.0,
+                   help="(f, h) each rollout cut to a random length in [seq-len x (1 - this), seq-len] (0: all seq-len)")
     p.add_argument("--json", default="", help="also write the results here")
     args = p.parse_args()
     if args.dtype == "auto":
@@ -122,6 +130,8 @@ def main() -> None:
             results.update(bench_shared_prompt(path, args, iters))
         if "head" not in args.skip:
             results.update(bench_scored_head(path, args, iters))
+        if "fill" not in args.skip:
+            results.update(bench_trunk_fill(path, args, iters))
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -376,17 +386,29 @@ def bench_warm_start(path: Path, args: argparse.Namespace, iters: int) -> dict[s
     return out
 
 
-def bench_shared_prompt(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
-    tokenizer, model, optimizer, pad_id, compute_dtype = top_trained(path, args)
+def prompted_groups(args: argparse.Namespace, vocab: int, **kwargs) -> list[list]:
+    """`synthetic_groups` whose rollouts all start with the same --shared-prompt tokens, unscored."""
     if not 0 < args.shared_prompt < args.seq_len:
         raise SystemExit(f"--shared-prompt {args.shared_prompt}: expected between 0 and --seq-len {args.seq_len}")
-    prompt = torch.randint(3, model.config.vocab_size, (args.shared_prompt,), generator=torch.Generator().manual_seed(1))
-    groups = synthetic_groups(args.batch, args.seq_len, args.gen_frac, model.config.vocab_size)
-    for r in (r for g in groups for r in g):  # every rollout starts with the same prompt, unscored
+    prompt = torch.randint(3, vocab, (args.shared_prompt,), generator=torch.Generator().manual_seed(1))
+    groups = synthetic_groups(args.batch, args.seq_len, args.gen_frac, vocab, **kwargs)
+    rng = torch.Generator().manual_seed(2)
+    for r in (r for g in groups for r in g):
         seg = r.trajectory.segments[0]
         seg.token_ids_T[: args.shared_prompt] = prompt.tolist()
         seg.generated_mask_T[: args.shared_prompt] = [False] * args.shared_prompt
         seg.logprobs_T[: args.shared_prompt] = [0.0] * args.shared_prompt
+        if args.len_jitter:  # a shorter episode: cut at a length in [seq_len x (1 - jitter), seq_len]
+            T = int(args.seq_len * (1 - args.len_jitter * float(torch.rand((), generator=rng))))
+            T = max(T, next(t for t, m in enumerate(seg.generated_mask_T) if m) + 1)  # keep a scored token
+            seg.token_ids_T, seg.generated_mask_T, seg.logprobs_T = (x[:T] for x in (seg.token_ids_T, seg.generated_mask_T,
+                                                                                    seg.logprobs_T))
+    return groups
+
+
+def bench_shared_prompt(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    tokenizer, model, optimizer, pad_id, compute_dtype = top_trained(path, args)
+    groups = prompted_groups(args, model.config.vocab_size)
     cfg = RLConfig(sd_weight=0.0, micro_batch_tokens=args.micro_batch_tokens)
     stats = {}
 
@@ -434,6 +456,38 @@ def bench_shared_prompt_warm_start(model, optimizer, pad_id, compute_dtype, grou
     print(f"(f') warm-start epoch, prompt shared {t_first:.2f} s vs not {t_first_full:.2f} s "
           f"(ratio {t_first_full / t_first:.2f}); on the kept trunk states {t_top:.2f} s vs {t_top_full:.2f} s "
           f"(ratio {t_top_full / t_top:.2f})")
+    return out
+
+
+# ---------------------------------------------------------------- (h) the trunk's states kept before the warm start
+
+
+def bench_trunk_fill(path: Path, args: argparse.Namespace, iters: int) -> dict[str, float]:
+    import random
+
+    from carl.train.warm_start import TrunkCache, sft_epoch, sft_sequences
+
+    tokenizer, model, optimizer, pad_id, compute_dtype = top_trained(path, args)
+    groups = prompted_groups(args, model.config.vocab_size, stagger=37)
+    data = [replace(r, passed=True, reward=1.0) for g in groups for r in g]  # warm-start data: solved episodes
+    caches = {}
+
+    def first_epoch(fill: bool):
+        def run() -> None:
+            trunk = caches[fill] = TrunkCache(model, args.trainable_layers)
+            if fill:
+                trunk.fill(sft_sequences(data), pad_id, args.micro_batch_tokens, compute_dtype)
+            sft_epoch(model, optimizer, data, pad_id, batch_size=4, micro_batch_tokens=args.micro_batch_tokens,
+                      grad_clip=1.0, rng=random.Random(0), compute_dtype=compute_dtype, trunk=trunk, share_prefix=True)
+        return run
+
+    t_fill, t_capture = timed_pair(first_epoch(True), first_epoch(False), iters, args.device)
+    if not (caches[True].enabled and caches[True].share_ok):
+        raise SystemExit(f"(h) the filled cache: enabled={caches[True].enabled}, shared passes ok={caches[True].share_ok}")
+    out = {"trunk_fill_first_epoch_s": t_fill, "trunk_capture_first_epoch_s": t_capture,
+           "trunk_fill_ratio_capture_over_fill": t_capture / t_fill}
+    print(f"(h)  first warm-start epoch, trunk states kept before it {t_fill:.2f} s, kept during its full passes "
+          f"{t_capture:.2f} s (ratio {t_capture / t_fill:.2f}; {len(data)} sequences, {args.shared_prompt}-token prompt)")
     return out
 
 

@@ -264,12 +264,14 @@ def test_train_summaries_off_masks_only_the_summary_reply(tiny_dir):
 
 
 def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None, data=None, share_prefix=False,
-                micro_batch_tokens=60, compute_dtype=None):
+                micro_batch_tokens=60, compute_dtype=None, fill=False, tokens=None):
     """(per-epoch losses, final weights, calls of the frozen block per epoch, the cache) of a
-    warm start with block 1 of 2 trained, with or without the frozen-trunk cache."""
+    warm start with block 1 of 2 trained, with or without the frozen-trunk cache; with `fill`, the
+    cache keeps every sequence's states before the first epoch (counted in its calls). `tokens`:
+    a list that gets the tokens through the frozen block per epoch."""
     import random
 
-    from carl.train.warm_start import TrunkCache, sft_epoch
+    from carl.train.warm_start import TrunkCache, sft_epoch, sft_sequences
 
     tok = tiny_tokenizer()
     _, model = load_model(tiny_dir, torch.float32)
@@ -278,6 +280,7 @@ def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None, data=N
         patch(model)
     calls = [0]
     model.model.layers[0].register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    seen = _tokens_through(model)
     rng = random.Random(0)
     if data is None:
         data = [token_rollout([rng.randrange(3, 300) for _ in range(n)], [t >= n // 2 for t in range(n)], reward=1.0)
@@ -285,11 +288,18 @@ def _warm_start(tiny_dir, trunk_cache: bool, epochs: int = 3, patch=None, data=N
     trunk = TrunkCache(model, 1) if trunk_cache else None
     losses, frozen_calls = [], []
     for e in range(epochs):
-        calls[0] = 0
+        calls[0] = seen[0] = 0
+        if e == 0 and fill:
+            trunk.fill(sft_sequences(data), tok.pad_token_id, micro_batch_tokens, compute_dtype)
+            if tokens is not None:
+                tokens.append(seen[0])  # fill's, before epoch 1's
+                seen[0] = 0
         losses.append(sft_epoch(model, optimizer, data, tok.pad_token_id, batch_size=2,
                                 micro_batch_tokens=micro_batch_tokens, grad_clip=1.0, rng=random.Random(e), trunk=trunk,
                                 share_prefix=share_prefix, compute_dtype=compute_dtype))
         frozen_calls.append(calls[0])
+        if tokens is not None:
+            tokens.append(seen[0])
     return losses, model.state_dict(), frozen_calls, trunk
 
 
@@ -325,9 +335,66 @@ def test_the_trunk_cache_turns_itself_off_where_the_top_blocks_alone_differ(tiny
         torch.testing.assert_close(got_weights[name], weights[name])
 
 
+def test_the_trunk_cache_kept_before_the_first_epoch_trains_the_same_weights(tiny_dir):
+    """`TrunkCache.fill`: every sequence's trunk states before epoch 1, whose micro-batches then
+    skip the frozen block too, except the first (the check's full pass)."""
+    losses, weights, calls, _ = _warm_start(tiny_dir, trunk_cache=False)
+    got_losses, got_weights, got_calls, trunk = _warm_start(tiny_dir, trunk_cache=True, fill=True)
+    assert trunk.enabled and trunk.checked and len(trunk.hidden) == 4
+    assert got_calls[1:] == [0, 0] and 1 < got_calls[0] < 1 + calls[0]  # fill's passes + one full micro-batch
+    torch.testing.assert_close(got_losses, losses, rtol=1e-4, atol=1e-5)
+    for name in weights:
+        torch.testing.assert_close(got_weights[name], weights[name], rtol=1e-4, atol=1e-5)
+
+
+def _prompted_data(prefix_len=40, lengths=(6, 9, 13, 20)):
+    """Solved warm-start rollouts that all start with the same `prefix_len` tokens (a system prompt)."""
+    prompt = _seq(1000, n_prompt=prefix_len, n_gen=0, n_obs=0)[0]
+    return [token_rollout(prompt + list(range(3 + i, 3 + i + n)), [False] * prefix_len + [t >= n // 2 for t in range(n)],
+                          reward=1.0) for i, n in enumerate(lengths)]
+
+
+def test_the_trunk_fill_runs_the_shared_prompt_through_the_trunk_once(tiny_dir):
+    """With a prompt every sequence starts with, `fill` runs it once for the whole data set (epoch 1's
+    full passes ran it once per micro-batch); the training is the same."""
+    data = _prompted_data()
+    epoch_tokens, filled_tokens = [], []
+    losses, weights, _, _ = _warm_start(tiny_dir, trunk_cache=True, data=data, share_prefix=True, micro_batch_tokens=100,
+                                        tokens=epoch_tokens)
+    got_losses, got_weights, _, trunk = _warm_start(tiny_dir, trunk_cache=True, data=data, share_prefix=True,
+                                                    micro_batch_tokens=100, fill=True, tokens=filled_tokens)
+    assert trunk.enabled and trunk.share_ok
+    fill_tokens, filled_epochs = filled_tokens[0], filled_tokens[1:]
+    assert fill_tokens == 40 + 4 * 20  # the prompt once, then the 4 rests (6, 9, 13, 20 tokens) padded to 20
+    assert filled_epochs[1:] == [0, 0] and epoch_tokens[1:] == [0, 0]
+    # epoch 1: both ran the first micro-batch whole (the check); without fill the second one too, prompt included
+    assert epoch_tokens[0] - filled_epochs[0] >= 40
+    torch.testing.assert_close(got_losses, losses, rtol=1e-4, atol=1e-5)
+    for name in weights:
+        torch.testing.assert_close(got_weights[name], weights[name], rtol=1e-4, atol=1e-5)
+
+
+def test_trunk_states_kept_before_the_epoch_that_differ_from_the_full_pass_turn_the_cache_off(tiny_dir, monkeypatch,
+                                                                                             caplog):
+    """A trunk pass that got the states wrong (here: scaled by 1.1) fails the first micro-batch's
+    comparison with its full pass: the cache turns off before any update used them."""
+    from carl.train.warm_start import TrunkCache
+
+    losses, weights, calls, _ = _warm_start(tiny_dir, trunk_cache=False, epochs=2)
+    right = TrunkCache._trunk_pass
+    monkeypatch.setattr(TrunkCache, "_trunk_pass", lambda self, *a: right(self, *a) * 1.1)
+    got_losses, got_weights, got_calls, trunk = _warm_start(tiny_dir, trunk_cache=True, epochs=2, fill=True)
+    assert not trunk.enabled and trunk.hidden == {} and got_calls[1] == calls[1]
+    assert "differ from the full pass's" in caplog.text
+    torch.testing.assert_close(got_losses, losses)
+    for name in weights:
+        torch.testing.assert_close(got_weights[name], weights[name])
+
+
 def test_the_trainer_keeps_the_trunk_for_the_warm_start_epochs_only(tiny_dir):
-    """Trainer.sft_epoch: the first of several epochs fills the cache, later ones skip the frozen
-    block, and the last one frees it (nothing is held through RL)."""
+    """Trainer.sft_epoch: the first epoch fills the cache before it trains (`TrunkCache.fill`),
+    every epoch skips the frozen block but for the first micro-batch's check, and the last one
+    frees the states (nothing is held through RL)."""
     from carl.config import load_config
     from carl.train.config import TrainConfig
     from carl.train.trainer import Trainer
@@ -344,12 +411,16 @@ def test_the_trainer_keeps_the_trunk_for_the_warm_start_epochs_only(tiny_dir):
         calls[0] = 0
         trainer.sft_epoch(data, tok.pad_token_id, epoch)
         seen.append((calls[0], trainer._trunk is not None and len(trainer._trunk.hidden)))
-    assert seen == [(1, 1), (0, 1), (0, False)]
+    assert seen == [(2, 1), (0, 1), (0, False)]  # epoch 1: fill's pass and the check's
+    trainer = Trainer(cfg, tiny_dir)  # the loop keeps the states first, under its own progress phase
+    rows = []
+    assert trainer.keeps_trunk() and trainer.keep_trunk(data * 2, tok.pad_token_id, on_rows=rows.append) == 1 == sum(rows)
+    assert trainer.keep_trunk(data, tok.pad_token_id) == 0  # kept already
     one_epoch = load_config(TrainConfig, None, [f"model.path={tiny_dir}", "model.dtype=float32",
                                                 "model.trainable_layers=1", "warm_start.epochs=1"])
     trainer = Trainer(one_epoch, tiny_dir)
-    trainer.sft_epoch(data, tok.pad_token_id, 0)  # nothing to reuse the states for: none kept
-    assert trainer._trunk is None
+    trainer.sft_epoch(data, tok.pad_token_id, 0)
+    assert trainer._trunk is None  # freed after the last epoch
 
 
 def test_the_trunk_cache_counts_each_sequence_once(tiny_dir):

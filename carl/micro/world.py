@@ -44,7 +44,8 @@ def split_seeds(split: str, seed: int, num_repos: int) -> list[int]:
 def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Mapping[str, int],
                       modules_per_repo: int = 2, defs_per_module: int = 3, max_tasks_per_repo: int = 4,
                       backend: str = "bwrap", progress=None, jobs: int = 0,
-                      templates: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[TaskRecord]]:
+                      templates: Mapping[str, Sequence[str]] | None = None,
+                      gold_run: bool = False) -> dict[str, list[TaskRecord]]:
     """Generate each split's repos and build their tasks (stub-mode function and method deletions).
 
     `repos` maps a split ("warm_start", "rl", "eval") to its number of repos; returns the tasks of
@@ -62,6 +63,11 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
     cut from a full build (every micro candidate validates: 216 of 216 in the default's world) for
     the validation runs of its tasks alone: the default's RL and held-out repos validate 31 tasks
     instead of 120.
+
+    `gold_run` (BuildConfig.gold_run) runs each task's tests a third time with the gold patch
+    applied. Off here: a micro repo is generated code whose suite passed twice in the baseline
+    runs, and the build checks that broken + gold is byte for byte the original (a real repo's
+    flaky or environment-dependent tests are what that run is for). The same tasks either way.
     """
     if jobs < 0:
         raise ValueError(f"jobs: got {jobs}, expected >= 0 (0: one per 2 cores, at least 2)")
@@ -69,7 +75,7 @@ def build_micro_tasks(out_dir: str | Path, seed: int, difficulty: int, repos: Ma
     templates = templates or {}
     out = Path(out_dir)
     cfg = BuildConfig(max_per_repo=max_tasks_per_repo, modes=("stub",), kinds=("function", "method"),
-                      seed=seed, backend=backend, task_timeout_s=60.0, suite_timeout_s=120.0)
+                      seed=seed, backend=backend, task_timeout_s=60.0, suite_timeout_s=120.0, gold_run=gold_run)
     todo: list[tuple[str, int]] = []
     for split, num_repos in repos.items():
         done = finished_specs(out / f"{split}.jsonl")

@@ -58,7 +58,7 @@ from carl.rewards.reward import RewardConfig
 from carl.rollout.orchestrator import Orchestrator
 from carl.rollout.rollout import require_valid, rollout_metrics, run_rollout, shape_group
 from carl.rollout.workers import EpisodeSpec, RayWorkers, ThreadWorkers, rl_submit, rollout_policy
-from carl.train.warm_start import expert_rollouts, sft_batches
+from carl.train.warm_start import distinct_sequences, expert_rollouts, sft_batches
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
@@ -135,6 +135,10 @@ def run_phases(cfg: TrainConfig, run_dir: Path, log: MetricsLog, progress: RunPr
         if state.phase == "warm_start" and cfg.warm_start.episodes > 0:
             data = warm_start_data(cfg, run_dir, task_sets["warm_start"], tokenizer, limits, tools, progress, log)
             trainer.set_lr(cfg.warm_start.lr)
+            if state.sft_epoch < cfg.warm_start.epochs and trainer.keeps_trunk():
+                progress.phase("warm start: the frozen trunk's states, once for every epoch", distinct_sequences(data),
+                               "sequences", group="frozen trunk")
+                trainer.keep_trunk(data, pad_id, on_rows=progress.advance)
             while state.sft_epoch < cfg.warm_start.epochs:
                 progress.phase(f"warm start epoch {state.sft_epoch + 1}/{cfg.warm_start.epochs}",
                                sft_batches(data, cfg.warm_start.batch_size), "batches", group="warm start")

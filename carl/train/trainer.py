@@ -35,7 +35,7 @@ from carl.train.config import TrainConfig
 from carl.train.ranks import Ranks, make_optimizer, shard_model
 from carl.train.state import RunState
 from carl.train.step import rl_step
-from carl.train.warm_start import TrunkCache, sft_epoch
+from carl.train.warm_start import TrunkCache, sft_epoch, sft_sequences
 
 
 class Trainer:
@@ -81,6 +81,20 @@ class Trainer:
         """One warm-start epoch; `on_batch(loss)` after each batch, on this rank only (progress)."""
         self._on_batch = on_batch
         return self._run("sft_epoch", data, pad_id, epoch)
+
+    def keeps_trunk(self) -> bool:
+        """Whether the warm start runs the top blocks alone on kept trunk states (carl.train.warm_start
+        .TrunkCache): a frozen trunk, no LoRA, one rank."""
+        return self.cfg.model.trainable_layers > 0 and self.lora is None and self.ranks.world == 1
+
+    def keep_trunk(self, data: list, pad_id: int, on_rows=None) -> int:
+        """Before the first warm-start epoch: the frozen trunk's states of every sequence of `data`
+        (`TrunkCache.fill`), `on_rows(n)` as they are kept; the sequences kept (0 where none are)."""
+        if self._trunk is not None or not self.keeps_trunk():
+            return 0
+        self._trunk = TrunkCache(self.model, self.cfg.model.trainable_layers)
+        return self._trunk.fill(sft_sequences(data), pad_id, self.cfg.rl.micro_batch_tokens, self.compute_dtype,
+                                on_rows=on_rows)
 
     def full_state(self, checkpoint_names: bool = False) -> dict[str, torch.Tensor]:
         """Every published parameter, unsharded, on rank 0 ({} on the others). `checkpoint_names`: as
@@ -132,9 +146,7 @@ class Trainer:
     def _sft_epoch(self, data, pad_id, epoch):
         ws = self.cfg.warm_start
         rng = random.Random(self.cfg.seed * 1009 + epoch)
-        layers = self.cfg.model.trainable_layers
-        if self._trunk is None and epoch < ws.epochs - 1 and layers > 0 and self.lora is None and self.ranks.world == 1:
-            self._trunk = TrunkCache(self.model, layers)  # later epochs run only the trained blocks
+        self.keep_trunk(data, pad_id)  # every epoch runs only the trained blocks (kept already: nothing to do)
         try:
             return sft_epoch(self.model, self.optimizer, data, pad_id, ws.batch_size, self.cfg.rl.micro_batch_tokens,
                              self.cfg.rl.grad_clip, rng, on_batch=self._on_batch, compute_dtype=self.compute_dtype,

@@ -8,22 +8,28 @@ The expert runs through the same `collect_groups` as RL rollouts, so its data ha
 prompt, tools and observations the policy will see.
 
 When only the top N blocks train (`model.trainable_layers`), the embedding and the blocks below
-them never change, so what enters block -N is the same numbers every epoch. `TrunkCache` keeps
-it from the first epoch (a hook, no extra pass), and later epochs run only the top N blocks:
+them never change, so what enters block -N is the same numbers every epoch. `TrunkCache` computes
+it once, before the first epoch, and every epoch runs only the top N blocks:
 
-    epoch 1:   ids -> embed -> trunk (frozen) -> h_T_D (kept) -> top N (trained) -> norm -> head
-    epoch 2+:                                     h_T_D (kept) -> top N (trained) -> norm -> head
+    before:    ids -> embed -> trunk (frozen, no gradient) -> h_T_D (kept)
+    epoch 1+:                                    h_T_D (kept) -> top N (trained) -> norm -> head
+
+That pass runs the tokens every sequence starts with (the system prompt and tool list) through
+the trunk once for the whole data set, not once per micro-batch (`TrunkCache.fill`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
+import logging
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from carl.harness.agent import EpisodeLimits
 from carl.harness.tools.base import Tool
@@ -75,19 +81,50 @@ def sft_sequences(rollouts: list[Rollout]) -> list[TrainSequence]:
             for r in rollouts if r.valid and r.passed for s in r.trajectory.segments if any(s.generated_mask_T)]
 
 
+def distinct_sequences(rollouts: list[Rollout]) -> int:
+    """Distinct supervised sequences of the rollouts: the rows `TrunkCache.fill` keeps."""
+    return len({tuple(s.token_ids_T) for s in sft_sequences(rollouts)})
+
+
 def sft_batches(rollouts: list[Rollout], batch_size: int) -> int:
     """Batches of one `sft_epoch` over `rollouts`."""
     return -(-len(sft_sequences(rollouts)) // batch_size)
 
 
+FILL_RTOL = 1e-2
+"""Largest relative difference (Frobenius norm, per row) `check` allows between the states `fill`
+kept and the full pass's: bf16 rounding of different batch shapes gave 2.7e-4 on SmolLM2; a trunk
+pass that misplaces the prefix's keys and values is off by whole units."""
+
+log = logging.getLogger(__name__)
+
+
+class _TrunkDone(Exception):
+    """Ends a trunk-only pass at the first trained block (TrunkCache._trunk_pass)."""
+
+
+def _length_groups(seqs: list[TrainSequence], prefix_len: int, max_tokens: int) -> list[list[TrainSequence]]:
+    """`seqs` by length, cut into runs whose padded rests (tokens after `prefix_len`) fit `max_tokens`."""
+    groups: list[list[TrainSequence]] = []
+    for s in sorted(seqs, key=lambda s: len(s.token_ids_T)):
+        rest = len(s.token_ids_T) - prefix_len
+        if groups and (len(groups[-1]) + 1) * rest <= max_tokens:
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
 class TrunkCache:
     """What enters the policy's block -`num_layers` for each warm-start sequence (its frozen
-    trunk's output), kept while the first epoch runs and fed to the top blocks alone after.
+    trunk's output), kept before the first epoch (`fill`) or while a full pass runs (`capture`),
+    and fed to the top blocks alone after.
 
-    The first micro-batch it keeps is checked: the top blocks on the kept states must give the
-    full pass's log-probs (an architecture that treats `inputs_embeds` differently, e.g. scales
-    them, fails this), else the cache turns itself off and every pass stays full. States are kept
-    in host memory, at most `max_bytes` of them; sequences beyond that take the full pass."""
+    The first micro-batch is checked on a full pass: the states `fill` kept must be that pass's up
+    to rounding, and the top blocks on them must give its log-probs (an architecture that treats
+    `inputs_embeds` differently, e.g. scales them, fails this), else the cache turns itself off and
+    every pass stays full. States are kept in host memory, at most `max_bytes` of them; sequences
+    beyond that take the full pass."""
 
     def __init__(self, model: Any, num_layers: int, max_bytes: float = 2 * 2**30):
         self.model, self.num_layers, self.max_bytes = model, num_layers, max_bytes
@@ -95,8 +132,73 @@ class TrunkCache:
         self.bytes = 0
         self.checked = False
         self.share_ok: bool | None = None  # top-only passes with a shared prefix: checked once, on first use
+        self._fresh: dict[tuple[int, ...], torch.Tensor] = {}  # a full pass's states of rows `fill` kept, for `check`
         layers = getattr(getattr(model, "model", None), "layers", None)
         self.enabled = layers is not None and 0 < num_layers < len(layers)
+
+    def fill(self, seqs: list[TrainSequence], pad_id: int, max_tokens: int,
+             compute_dtype: torch.dtype | None = None, on_rows: Callable[[int], None] | None = None) -> int:
+        """Keep the trunk's output for every sequence of `seqs` now, without gradient: the tokens
+        they all start with (the system prompt and tool list, before any scored token) through
+        the trunk once, at batch 1, then the rows' rests against those keys and values, rows of
+        similar length together, at most `max_tokens` (padded) per call. Epoch 1 then runs the top
+        blocks alone too; its first micro-batch still takes the full pass, which `check` compares
+        with the kept states (the cache turns off where they differ). Returns the sequences kept
+        (distinct ones: `distinct_sequences`); `on_rows(n)` after each call's n rows.
+
+        Against keeping the states during epoch 1's full passes (before 2026-12-07), the prefix runs
+        through the trunk once instead of once per micro-batch, and the rests pad less."""
+        todo = list({tuple(s.token_ids_T): s for s in seqs if tuple(s.token_ids_T) not in self.hidden}.values())
+        if not self.enabled or not todo:
+            return 0
+        P = common_prefix_len([s.token_ids_T for s in todo], [s.generated_mask_T for s in todo])
+        device = next(self.model.parameters()).device
+        prefix_cache, h_1_P_D = None, None
+        kept = 0
+        with torch.no_grad(), autocast(self.model, compute_dtype):
+            if P:
+                prefix_cache = DynamicCache(config=self.model.config)
+                ids_1_P = torch.as_tensor([list(todo[0].token_ids_T[:P])], dtype=torch.long, device=device)
+                h_1_P_D = self._trunk_pass(ids_1_P, None, prefix_cache)
+            for rows in _length_groups(todo, P, max_tokens):
+                ids_B_T, attn_B_T = (t.to(device) for t in pad_right([s.token_ids_T[P:] for s in rows], pad_id))
+                cache = None
+                if prefix_cache is not None:
+                    cache = copy.deepcopy(prefix_cache)
+                    cache.batch_repeat_interleave(len(rows))
+                    attn_B_T = torch.cat([attn_B_T.new_ones((len(rows), P)), attn_B_T], dim=1)
+                h_B_T_D = self._trunk_pass(ids_B_T, attn_B_T, cache)
+                for b, s in enumerate(rows):
+                    if self.bytes >= self.max_bytes:
+                        return kept
+                    h_T_D = h_B_T_D[b, : len(s.token_ids_T) - P]
+                    if h_1_P_D is not None:
+                        h_T_D = torch.cat([h_1_P_D[0], h_T_D])
+                    h_T_D = h_T_D.to("cpu", copy=True)
+                    self.hidden[tuple(s.token_ids_T)] = h_T_D
+                    self.bytes += h_T_D.numel() * h_T_D.element_size()
+                    kept += 1
+                if on_rows is not None:
+                    on_rows(len(rows))
+        return kept
+
+    def _trunk_pass(self, ids_B_T: torch.Tensor, attn_B_T: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        """What enters block -num_layers for `ids_B_T` (after the tokens `cache` holds, whose
+        trunk keys and values it gains): the base model's forward, stopped there."""
+        kept: list[torch.Tensor] = []
+
+        def stop(h_B_T_D: torch.Tensor) -> None:
+            kept.append(h_B_T_D)
+            raise _TrunkDone
+
+        with entering_block(self.model, -self.num_layers, stop):
+            try:
+                self.model.model(input_ids=ids_B_T, attention_mask=attn_B_T, cache=cache, use_cache=cache is not None)
+            except _TrunkDone:
+                pass
+        if not kept:
+            raise RuntimeError(f"{type(self.model).__name__}: its forward never reached block -{self.num_layers}")
+        return kept[0]
 
     def has(self, micro: list[TrainSequence]) -> bool:
         return self.enabled and all(tuple(s.token_ids_T) in self.hidden for s in micro)
@@ -116,13 +218,20 @@ class TrunkCache:
             calls.append(h_B_T_D)
             if prefix_len and len(calls) == 1:  # the shared prefix's pass: the rows' rest comes next
                 return
+            checking = not self.checked or (prefix_len and self.share_ok is None)
             for b, s in enumerate(micro):
                 key = tuple(s.token_ids_T)
-                if key not in self.hidden and self.bytes < self.max_bytes:
-                    h_T_D = h_B_T_D[b, : len(key) - prefix_len]
-                    if prefix_len:
-                        h_T_D = torch.cat([calls[0][0], h_T_D])
-                    h_T_D = h_T_D.to("cpu", copy=True)  # host memory, not a GPU's
+                if key in self.hidden and not checking:
+                    continue
+                if key not in self.hidden and self.bytes >= self.max_bytes:
+                    continue
+                h_T_D = h_B_T_D[b, : len(key) - prefix_len]
+                if prefix_len:
+                    h_T_D = torch.cat([calls[0][0], h_T_D])
+                h_T_D = h_T_D.to("cpu", copy=True)  # host memory, not a GPU's
+                if key in self.hidden:  # kept by `fill`: `check` compares the two
+                    self._fresh[key] = h_T_D
+                else:
                     self.hidden[key] = h_T_D
                     self.bytes += h_T_D.numel() * h_T_D.element_size()
 
@@ -170,6 +279,16 @@ class TrunkCache:
         on every bf16 run)."""
         if not self.enabled or not self.has(micro):
             return
+        fresh, self._fresh = self._fresh, {}
+        if fresh:  # `fill` kept these rows' states: they must be this full pass's, up to rounding
+            worst = max(float((h.float() - self.hidden[k].float()).norm() / h.float().norm().clamp(min=1e-12))
+                        for k, h in fresh.items())
+            if worst > FILL_RTOL:
+                log.warning("trunk states kept before the epoch differ from the full pass's (relative %.2g > %g): "
+                            "every warm-start pass stays full", worst, FILL_RTOL)
+                self.enabled, self.hidden, self.bytes = False, {}, 0
+                return
+            self.hidden.update(fresh)  # like with like below
         with torch.no_grad():
             if not self.checked or (prefix_len and self.share_ok is None):
                 same = torch.allclose(self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, prefix_len),
@@ -210,7 +329,8 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
             mask_B_T = pad_rows([s.generated_mask_T for s in micro], ids_B_T.shape[1], torch.bool).to(device)
             P = common_prefix_len([s.token_ids_T for s in micro], [s.generated_mask_T for s in micro]) if share_prefix else 0
             P = checked_prefix_len(model, ids_B_T, attn_B_T, mask_B_T, P)  # outside the capture: its check's passes
-            if trunk is not None and trunk.has(micro):
+            # the first micro-batch (and the first with a shared prefix) takes the full pass: `check` compares it
+            if trunk is not None and trunk.has(micro) and trunk.checked and (not P or trunk.share_ok is not None):
                 with autocast(model, compute_dtype):
                     logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, P if trunk.share_ok else 0)
             else:
