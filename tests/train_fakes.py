@@ -62,3 +62,11 @@ def failed_rollout(tokenizer) -> Rollout:
         '<tool name="finish"></tool>',
     ], ["unknown tool 'reed_file'", "edited a.py", FAIL, "done"], passed=False,
         feedback="FAILED tests/test_a.py::test_add")
+
+
+def tokens_through(model, block: int = 0) -> list[int]:
+    """A counter ([n]) of the tokens that enter `model`'s block `block` (every pass, whatever its batch)."""
+    seen = [0]
+    model.model.layers[block].register_forward_pre_hook(lambda m, a, kw: seen.__setitem__(
+        0, seen[0] + (a[0] if a else kw["hidden_states"]).shape[:2].numel()), with_kwargs=True)
+    return seen
