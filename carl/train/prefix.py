@@ -1,7 +1,8 @@
 """Shared-prompt passes: the tokens every sequence of a micro-batch starts with run once.
 
-Every training sequence starts with the same system prompt (carl's intro and tool list: 1,112
-SmolLM2 tokens, most of a micro-world episode), and a group's members with the same task too.
+Every training sequence starts with the same system prompt (carl's intro and tool list: 1,117
+SmolLM2 tokens with all 11 tools, 625 with the embedded default's 4; a micro-world episode's rows
+share about 770 with the task statement's common start), and a group's members the task too.
 A micro-batch of B such sequences runs that common prefix once, at batch 1, keeping its keys and
 values, then the B remainders against them:
 
