@@ -174,9 +174,7 @@ class TrunkCache:
                     h_T_D = h_B_T_D[b, : len(s.token_ids_T) - P]
                     if h_1_P_D is not None:
                         h_T_D = torch.cat([h_1_P_D[0], h_T_D])
-                    h_T_D = h_T_D.to("cpu", copy=True)
-                    self.hidden[tuple(s.token_ids_T)] = h_T_D
-                    self.bytes += h_T_D.numel() * h_T_D.element_size()
+                    self._keep(tuple(s.token_ids_T), h_T_D)
                     kept += 1
                 if on_rows is not None:
                     on_rows(len(rows))
@@ -200,6 +198,17 @@ class TrunkCache:
             raise RuntimeError(f"{type(self.model).__name__}: its forward never reached block -{self.num_layers}")
         return kept[0]
 
+    def _keep(self, key: tuple[int, ...], h_T_D: torch.Tensor) -> None:
+        """Keep a sequence's states in host memory (not a GPU's), counted toward max_bytes."""
+        h_T_D = h_T_D.to("cpu", copy=True)
+        self.hidden[key] = h_T_D
+        self.bytes += h_T_D.numel() * h_T_D.element_size()
+
+    def needs_check(self, prefix_len: int) -> bool:
+        """Whether a full pass of a micro-batch with this shared prefix is still to be compared
+        (`check`): the first one, and the first with a shared prefix."""
+        return not self.checked or bool(prefix_len and self.share_ok is None)
+
     def has(self, micro: list[TrainSequence]) -> bool:
         return self.enabled and all(tuple(s.token_ids_T) in self.hidden for s in micro)
 
@@ -218,7 +227,7 @@ class TrunkCache:
             calls.append(h_B_T_D)
             if prefix_len and len(calls) == 1:  # the shared prefix's pass: the rows' rest comes next
                 return
-            checking = not self.checked or (prefix_len and self.share_ok is None)
+            checking = self.needs_check(prefix_len)
             for b, s in enumerate(micro):
                 key = tuple(s.token_ids_T)
                 if key in self.hidden and not checking:
@@ -228,12 +237,10 @@ class TrunkCache:
                 h_T_D = h_B_T_D[b, : len(key) - prefix_len]
                 if prefix_len:
                     h_T_D = torch.cat([calls[0][0], h_T_D])
-                h_T_D = h_T_D.to("cpu", copy=True)  # host memory, not a GPU's
                 if key in self.hidden:  # kept by `fill`: `check` compares the two
-                    self._fresh[key] = h_T_D
+                    self._fresh[key] = h_T_D.to("cpu", copy=True)
                 else:
-                    self.hidden[key] = h_T_D
-                    self.bytes += h_T_D.numel() * h_T_D.element_size()
+                    self._keep(key, h_T_D)
 
         with entering_block(self.model, -self.num_layers, keep):
             yield
@@ -290,7 +297,7 @@ class TrunkCache:
                 return
             self.hidden.update(fresh)  # like with like below
         with torch.no_grad():
-            if not self.checked or (prefix_len and self.share_ok is None):
+            if self.needs_check(prefix_len):
                 same = torch.allclose(self.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, prefix_len),
                                       full_B_T.detach(), atol=1e-3, rtol=0)
                 if not self.checked and not same:
@@ -330,7 +337,7 @@ def sft_epoch(model: Any, optimizer: Any, rollouts: list[Rollout], pad_id: int, 
             P = common_prefix_len([s.token_ids_T for s in micro], [s.generated_mask_T for s in micro]) if share_prefix else 0
             P = checked_prefix_len(model, ids_B_T, attn_B_T, mask_B_T, P)  # outside the capture: its check's passes
             # the first micro-batch (and the first with a shared prefix) takes the full pass: `check` compares it
-            if trunk is not None and trunk.has(micro) and trunk.checked and (not P or trunk.share_ok is not None):
+            if trunk is not None and trunk.has(micro) and not trunk.needs_check(P):
                 with autocast(model, compute_dtype):
                     logprobs_B_T = trunk.top_logprobs(micro, ids_B_T, attn_B_T, mask_B_T, P if trunk.share_ok else 0)
             else:
