@@ -102,3 +102,23 @@ def test_no_solved_expert_episode_names_the_limit_that_cut_its_replies(level5_ta
     err = expert_failure(unsolved, cut)
     assert not isinstance(err, UserError) and "tasks or the harness are broken" in str(err)
     assert "1 of 2 tests" in str(err)
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_the_expert_says_the_same_words_before_every_test_run(tmp_path):
+    """Only the test output may tell a recovery from a finish: a planted wrong edit's test run is
+    announced like every other, so the words before a run cannot predict that it passes."""
+    import random
+
+    from carl.micro.expert import plan_messages
+
+    RUN = '<tool name="run_tests">'
+    tasks = build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"eval": 2}, max_tasks_per_repo=6,
+                              backend="local")["eval"]
+    plans = [plan_messages(t, ExpertMistakes(wrong_edit=1.0), random.Random(0)) for t in tasks]
+    recoveries = [p for p in plans if sum(RUN in m for m in p) == 2]
+    assert recoveries, "no level-5 task had a constant to get wrong"
+    for plan in recoveries:
+        runs = [i for i, m in enumerate(plan) if RUN in m]
+        assert len({plan[i].split("<")[0] for i in runs}) == 1
+        assert '<tool name="edit_file">' in plan[runs[0] + 1] and '<tool name="finish">' in plan[runs[1] + 1]

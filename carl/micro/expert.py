@@ -156,6 +156,14 @@ def minimal_edit(e: Edit, file_text: str | None) -> Edit:
     return e
 
 
+RUN_TESTS = "Now the tests."
+"""What the expert says before every test run, the one after a wrong edit included: only the test
+output may tell what comes next (fix or finish). When it said "Let me check it." before the run
+of its planted wrong edit, "Now the tests." was always followed by a pass and finish in the
+warm-start data, and the model, which says "Now the tests." before nearly every run, finished
+after failing runs (docs/training.md, "A probe: more of the expert's recoveries")."""
+
+
 def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[str]:
     edits = [minimal_edit(e, _broken_text(task, e.path)) for e in patch_edits(task.patch)]
     if not edits:
@@ -172,11 +180,11 @@ def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[st
     for i, e in enumerate(edits):
         if i == 0 and wrong is not None:
             plan.append("I will implement it from the docstring." + _edit_call(wrong))
-            plan.append("Let me check it." + render_call(ToolCall("run_tests", {"tests": tests})))
+            plan.append(RUN_TESTS + render_call(ToolCall("run_tests", {"tests": tests})))
             plan.append("A constant is wrong; fixing it." + _edit_call(Edit(e.path, wrong.new, e.new)))
         else:
             plan.append("I will implement it from the docstring." + _edit_call(e))
-    plan.append("Now the tests." + render_call(ToolCall("run_tests", {"tests": tests})))
+    plan.append(RUN_TESTS + render_call(ToolCall("run_tests", {"tests": tests})))
     plan.append("The feature is restored." + render_call(ToolCall("finish", {"message": "Restored the deleted code."})))
     return plan
 
