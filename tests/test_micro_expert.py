@@ -122,3 +122,25 @@ def test_the_expert_says_the_same_words_before_every_test_run(tmp_path):
         runs = [i for i, m in enumerate(plan) if RUN in m]
         assert len({plan[i].split("<")[0] for i in runs}) == 1
         assert '<tool name="edit_file">' in plan[runs[0] + 1] and '<tool name="finish">' in plan[runs[1] + 1]
+
+
+@pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
+def test_a_sibling_body_first_fails_its_test_run_and_the_fix_passes(tmp_path):
+    """The planted sibling-body mistake is a real mistake (the run after it fails) and its recovery
+    a real fix (the episode passes), on level-4 tasks that have a sibling."""
+    from carl.micro.expert import SIBLING_FIX
+
+    tasks = build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"eval": 2}, max_tasks_per_repo=6,
+                              backend="local")["eval"]
+    tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
+    groups = collect_groups(lambda t, j: ExpertPolicy(tasks[t], ExpertMistakes(sibling_body=1.0)), tasks, 1,
+                            EpisodeLimits(max_turns=12), tools, SandboxConfig(backend="local"))
+    planted = 0
+    for (r,) in groups:
+        assert r.passed, r.feedback
+        messages = [m for seg in r.trajectory.segments for m in seg.messages]
+        if any(m.role == "assistant" and m.content.startswith(SIBLING_FIX) for m in messages):
+            planted += 1
+            runs = [m.content for m in messages if m.role != "assistant" and "Tests:" in m.content]
+            assert "failed" in runs[0] and "failed" not in runs[-1], runs
+    assert planted >= len(tasks) // 2, f"a sibling body was planted in {planted} of {len(tasks)} tasks"

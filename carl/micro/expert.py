@@ -6,6 +6,8 @@ makes the mistakes a model makes, and recovers from them the way we want a model
 
   bad_call     a malformed tool call (an unknown tool name), then the right call
   wrong_edit   an edit with a wrong constant, a test run that shows the failure, the fix
+  sibling_body another function's body of the same file, a test run that shows the failure, the
+               right body (the mistake the trained model makes most)
   skip_read    edits without reading the file first (no recovery needed, just less careful)
 
 Its episodes are the warm-start (supervised) data of the embedded default, and a baseline for
@@ -34,9 +36,14 @@ class ExpertMistakes:
     """Probability of first writing a wrong constant, then fixing it after the tests fail."""
     skip_read: float = 0.0
     """Probability of editing without reading the file first."""
+    sibling_body: float = 0.0
+    """Probability, where no wrong constant was planted, of first writing the body of another
+    function of the same file, then the right body after the tests fail. A trained 135M model's
+    most common wrong edit is a neighbour's body (`return WEIGHT_TAG + s` in `scale_weight`), which
+    the wrong constant never shows it how to recover from."""
 
     def __post_init__(self) -> None:
-        for name in ("bad_call", "wrong_edit", "skip_read"):
+        for name in ("bad_call", "wrong_edit", "skip_read", "sibling_body"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"expert.{name}: got {p!r}, expected a probability in [0, 1]")
@@ -177,11 +184,14 @@ def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[st
         reads = "".join(render_call(ToolCall("read_file", {"path": p})) for p in paths + referenced_files(task, edits))
         plan.append("I will read the code the failing tests exercise." + reads)
     wrong = _wrong_edit(edits[0]) if rng.random() < mistakes.wrong_edit else None
+    recovery = "A constant is wrong; fixing it."
+    if wrong is None and mistakes.sibling_body > 0 and rng.random() < mistakes.sibling_body:
+        wrong, recovery = _sibling_edit(edits[0], _broken_text(task, edits[0].path), rng), SIBLING_FIX
     for i, e in enumerate(edits):
         if i == 0 and wrong is not None:
-            plan.append("I will implement it from the docstring." + _edit_call(wrong))
+            plan.append("I will implement it from the docstring." + _edit_call(wrong[0]))
             plan.append(RUN_TESTS + render_call(ToolCall("run_tests", {"tests": tests})))
-            plan.append("A constant is wrong; fixing it." + _edit_call(Edit(e.path, wrong.new, e.new)))
+            plan.append(recovery + _edit_call(wrong[1]))
         else:
             plan.append("I will implement it from the docstring." + _edit_call(e))
     plan.append(RUN_TESTS + render_call(ToolCall("run_tests", {"tests": tests})))
@@ -295,8 +305,9 @@ def _edit_call(e: Edit) -> str:
     return render_call(ToolCall("edit_file", {"path": e.path, "old": e.old, "new": e.new}))
 
 
-def _wrong_edit(e: Edit) -> Edit | None:
-    """The same edit with the first integer literal of the restored code changed, if it has one."""
+def _wrong_edit(e: Edit) -> tuple[Edit, Edit] | None:
+    """The same edit with the first integer literal of the restored code changed, if it has one,
+    and the fix: (wrong edit, fixing edit)."""
     added = e.new
     m = re.search(r"(?<![\w.])(\d+)(?![\w.])", _code_only(added))
     if not m:
@@ -304,7 +315,36 @@ def _wrong_edit(e: Edit) -> Edit | None:
     offset = _code_offset(added)
     start, end = m.start(1) + offset, m.end(1) + offset
     bad = added[:start] + str(int(m.group(1)) + 1) + added[end:]
-    return Edit(e.path, e.old, bad)
+    return Edit(e.path, e.old, bad), Edit(e.path, bad, e.new)
+
+
+SIBLING_FIX = "That is another function's body; writing this one's."
+
+
+def _sibling_edit(e: Edit, file_text: str | None, rng: random.Random) -> tuple[Edit, Edit] | None:
+    """The edit with the body of another function of the file in place of the restored body, and
+    the fix: (wrong edit, fixing edit), or None where the file has no such function.
+
+    The fix replaces the wrong body together with the line above it (the stub's docstring or `def`),
+    since the copied body also stands in the function it came from."""
+    if file_text is None or file_text.count(e.old) != 1 or _code_offset(e.new):
+        return None
+    indent = re.match(r"[ \t]*", e.new).group(0)
+    bodies = []
+    for m in re.finditer(r"^([ \t]*)def \w+\(.*\n(?:\1[ \t]+.*\n|[ \t]*\n)+", file_text, re.M):
+        lines = [ln for ln in m.group(0).splitlines(keepends=True)[1:] if ln.strip()]
+        body = "".join(ln for ln in lines if not ln.strip().startswith('"""'))
+        if body and "NotImplementedError" not in body and body != e.new and body.startswith(indent):
+            bodies.append(body)
+    start = file_text.index(e.old)
+    above = file_text[:start].splitlines(keepends=True)[-1:]
+    if not bodies or not above:
+        return None
+    body = rng.choice(bodies)
+    wrong_text = file_text[:start] + body + file_text[start + len(e.old):]
+    if wrong_text.count(above[0] + body) != 1:
+        return None
+    return Edit(e.path, e.old, body), Edit(e.path, above[0] + body, above[0] + e.new)
 
 
 def _code_offset(text: str) -> int:

@@ -202,8 +202,10 @@ class WarmStartConfig:
     bad_call: float = 0.15
     wrong_edit: float = 0.15
     skip_read: float = 0.1
-    """bad_call, wrong_edit, skip_read: probabilities of the expert's planted mistakes
-    (carl.micro.expert.ExpertMistakes)."""
+    sibling_body: float = 0.0
+    """bad_call, wrong_edit, skip_read, sibling_body: probabilities of the expert's planted mistakes
+    (carl.micro.expert.ExpertMistakes). sibling_body (another function's body first, then the right
+    one after the tests fail) is the trained model's most common wrong edit; off until measured."""
     expert_summary: str = "notes"
     """What the expert writes when asked for a self-summary (carl.micro.expert.expert_summary):
     "notes" (the stub to replace and the definitions it needs from the files read) or "fixed"
@@ -220,7 +222,7 @@ class WarmStartConfig:
                 raise ValueError(f"warm_start.{name}: got {getattr(self, name)}, expected >= 1")
         if self.lr <= 0:
             raise ValueError(f"warm_start.lr: got {self.lr}, expected > 0")
-        for name in ("bad_call", "wrong_edit", "skip_read"):
+        for name in ("bad_call", "wrong_edit", "skip_read", "sibling_body"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"warm_start.{name}: got {getattr(self, name)}, expected a probability in [0, 1]")
         from carl.micro.expert import SUMMARIES

@@ -444,7 +444,8 @@ def load_task_sets(cfg: TrainConfig, run_dir: Path, progress: RunProgress) -> di
 
 def warm_start_data(cfg, run_dir, warm_tasks, tokenizer, limits, tools, progress, log):
     ws = cfg.warm_start
-    mistakes = ExpertMistakes(bad_call=ws.bad_call, wrong_edit=ws.wrong_edit, skip_read=ws.skip_read)
+    mistakes = ExpertMistakes(bad_call=ws.bad_call, wrong_edit=ws.wrong_edit, skip_read=ws.skip_read,
+                              sibling_body=ws.sibling_body)
     progress.phase("expert episodes (warm-start data)", ws.episodes, "episodes", group="expert episodes")
     data = expert_rollouts(warm_tasks, tokenizer, ws.episodes, mistakes, limits, tools, cfg.sandbox, cfg.seed,
                            on_done=lambda r: progress.advance(), summary=ws.expert_summary)
