@@ -99,7 +99,7 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     "grpo+errcost+wrong50": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "warm_start.wrong_edit=0.5"],
     # the expert writes another function's body of the same file first in 30% of its episodes (where it
     # planted no wrong constant), runs the failing tests and writes the right body: the trained model's
-    # most common wrong edit (fresh seed 30). Its own warm start, so it runs as the first arm of its --out
+    # wrong first edit a third of the time (fresh seeds 30-34). Its own warm start: first arm of its --out
     "grpo+errcost+sibling30": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "warm_start.sibling_body=0.3"],
     # the default's context budget (3,072 since 2026-12-04) against the 2,048 before it: a ctx2048 branch
     # of a ctx3072 run trains and evaluates its warm start at 2,048 (docs/training.md, "Finishing")

@@ -7,7 +7,7 @@ makes the mistakes a model makes, and recovers from them the way we want a model
   bad_call     a malformed tool call (an unknown tool name), then the right call
   wrong_edit   an edit with a wrong constant, a test run that shows the failure, the fix
   sibling_body another function's body of the same file, a test run that shows the failure, the
-               right body (the mistake the trained model makes most)
+               right body (a third of a trained model's wrong first edits)
   skip_read    edits without reading the file first (no recovery needed, just less careful)
 
 Its episodes are the warm-start (supervised) data of the embedded default, and a baseline for
@@ -38,9 +38,11 @@ class ExpertMistakes:
     """Probability of editing without reading the file first."""
     sibling_body: float = 0.0
     """Probability, where no wrong constant was planted, of first writing the body of another
-    function of the same file, then the right body after the tests fail. A trained 135M model's
-    most common wrong edit is a neighbour's body (`return WEIGHT_TAG + s` in `scale_weight`), which
-    the wrong constant never shows it how to recover from."""
+    function of the same file, then the right body after the tests fail. About a third of a
+    trained 135M model's wrong first edits copy a neighbour's body (`return WEIGHT_TAG + s` in
+    `scale_weight`; most of the rest pair the wrong operator and constant, `x * PRICE_STEP`), and
+    the wrong constant never shows how to recover from either (docs/results/
+    fresh-seeds5-expert-words-2026-12-07/wrong_edits.txt)."""
 
     def __post_init__(self) -> None:
         for name in ("bad_call", "wrong_edit", "skip_read", "sibling_body"):

@@ -205,7 +205,7 @@ class WarmStartConfig:
     sibling_body: float = 0.0
     """bad_call, wrong_edit, skip_read, sibling_body: probabilities of the expert's planted mistakes
     (carl.micro.expert.ExpertMistakes). sibling_body (another function's body first, then the right
-    one after the tests fail) is the trained model's most common wrong edit; off until measured."""
+    one after the tests fail) is a third of the trained model's wrong first edits; off until measured."""
     expert_summary: str = "notes"
     """What the expert writes when asked for a self-summary (carl.micro.expert.expert_summary):
     "notes" (the stub to replace and the definitions it needs from the files read) or "fixed"
