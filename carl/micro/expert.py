@@ -169,8 +169,9 @@ RUN_TESTS = "Now the tests."
 """What the expert says before every test run, the one after a wrong edit included: only the test
 output may tell what comes next (fix or finish). When it said "Let me check it." before the run
 of its planted wrong edit, "Now the tests." was always followed by a pass and finish in the
-warm-start data, and the model, which says "Now the tests." before nearly every run, finished
-after failing runs (docs/training.md, "A probe: more of the expert's recoveries")."""
+warm-start data, and the model says "Now the tests." before nearly every run. At level 4 that
+touches 1-3 of the default's 64 expert episodes; rerun on one seed it changed nothing measurable
+(docs/training.md, "The expert's words")."""
 
 
 def plan_messages(task, mistakes: ExpertMistakes, rng: random.Random) -> list[str]:
