@@ -170,7 +170,7 @@ RUN_TESTS = "Now the tests."
 output may tell what comes next (fix or finish). When it said "Let me check it." before the run
 of its planted wrong edit, "Now the tests." was always followed by a pass and finish in the
 warm-start data, and the model says "Now the tests." before nearly every run. At level 4 that
-touches 1-3 of the default's 64 expert episodes; rerun on one seed it changed nothing measurable
+touches 0-3 of the default's 64 expert episodes; rerun on one seed it changed nothing measurable
 (docs/training.md, "The expert's words")."""
 
 
