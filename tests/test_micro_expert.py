@@ -19,6 +19,12 @@ def level5_tasks(tmp_path_factory):
     return build_micro_tasks(out, seed=0, difficulty=5, repos={"eval": 1}, max_tasks_per_repo=3, backend="local")["eval"]
 
 
+@pytest.fixture(scope="module")
+def level4_tasks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("micro4")
+    return build_micro_tasks(out, seed=0, difficulty=4, repos={"eval": 2}, max_tasks_per_repo=6, backend="local")["eval"]
+
+
 def _constant_lines(task) -> list[str]:
     """The settings lines (`PRICE_STEP = 7`) of every upper-case name the gold code reads."""
     settings = next(p for p in broken_repo_dir(task).rglob("settings.py"))
@@ -105,7 +111,7 @@ def test_no_solved_expert_episode_names_the_limit_that_cut_its_replies(level5_ta
 
 
 @pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
-def test_the_expert_says_the_same_words_before_every_test_run(tmp_path):
+def test_the_expert_says_the_same_words_before_every_test_run(level4_tasks):
     """Only the test output may tell a recovery from a finish: a planted wrong edit's test run is
     announced like every other, so the words before a run cannot predict that it passes."""
     import random
@@ -113,11 +119,9 @@ def test_the_expert_says_the_same_words_before_every_test_run(tmp_path):
     from carl.micro.expert import plan_messages
 
     RUN = '<tool name="run_tests">'
-    tasks = build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"eval": 2}, max_tasks_per_repo=6,
-                              backend="local")["eval"]
-    plans = [plan_messages(t, ExpertMistakes(wrong_edit=1.0), random.Random(0)) for t in tasks]
+    plans = [plan_messages(t, ExpertMistakes(wrong_edit=1.0), random.Random(0)) for t in level4_tasks]
     recoveries = [p for p in plans if sum(RUN in m for m in p) == 2]
-    assert recoveries, "no level-5 task had a constant to get wrong"
+    assert recoveries, "no level-4 task had a constant to get wrong"
     for plan in recoveries:
         runs = [i for i, m in enumerate(plan) if RUN in m]
         assert len({plan[i].split("<")[0] for i in runs}) == 1
@@ -125,13 +129,12 @@ def test_the_expert_says_the_same_words_before_every_test_run(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:carl. the .local. sandbox backend")
-def test_a_sibling_body_first_fails_its_test_run_and_the_fix_passes(tmp_path):
+def test_a_sibling_body_first_fails_its_test_run_and_the_fix_passes(level4_tasks):
     """The planted sibling-body mistake is a real mistake (the run after it fails) and its recovery
     a real fix (the episode passes), on level-4 tasks that have a sibling."""
     from carl.micro.expert import SIBLING_FIX
 
-    tasks = build_micro_tasks(tmp_path, seed=0, difficulty=4, repos={"eval": 2}, max_tasks_per_repo=6,
-                              backend="local")["eval"]
+    tasks = level4_tasks
     tools = {n: t for n, t in default_tools().items() if n in ("read_file", "edit_file", "run_tests", "finish")}
     groups = collect_groups(lambda t, j: ExpertPolicy(tasks[t], ExpertMistakes(sibling_body=1.0)), tasks, 1,
                             EpisodeLimits(max_turns=12), tools, SandboxConfig(backend="local"))
