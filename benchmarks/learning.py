@@ -39,8 +39,8 @@ warm start -> after RL).
 Cost: the first arm of a seed is one full run of the default (11-19 minutes on a 2-core Zen 4 in
 bf16 with the 64-episode warm start, 2026-12-07, 9-12 with 32; about twice that in fp32 on an
 AVX2-only CPU); each further arm adds its RL phase and final eval (5-8 minutes there; 6-10 with its
-own 48-repo held-out set, whose warm-start eval it adds). With 120 held-out repos a seed's run takes about
-28 minutes there.
+own 48-repo held-out set, whose warm-start eval it adds). With 120 held-out repos (64-98 tasks) a seed's run took
+23-36 minutes there (2026-12-08), each eval 5-12.
 """
 
 from __future__ import annotations
