@@ -39,8 +39,8 @@ warm start -> after RL).
 Cost: the first arm of a seed is one full run of the default (11-19 minutes on a 2-core Zen 4 in
 bf16 with the 64-episode warm start, 2026-12-07, 9-12 with 32; about twice that in fp32 on an
 AVX2-only CPU); each further arm adds its RL phase and final eval (5-8 minutes there; 6-10 with its
-own 48-repo held-out set, whose warm-start eval it adds). With 120 held-out repos (64-98 tasks) a seed's run took
-23-36 minutes there (2026-12-08), each eval 5-12.
+own 48-repo held-out set, whose warm-start eval it adds). With 120 held-out repos (64-98 tasks) a
+seed's run took 23-36 minutes there (2026-12-08), each eval 5-12.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ ARMS = {  # each arm pins what it compares, so a changed default does not change
     # the default's recipe scored on twice the held-out repos (the first arm's 24 and 24 more of the same
     # world): the warm start is evaluated again on them, so each seed's RL - warm has a smaller standard error
     "grpo+errcost+eval48": ["rl.sd_weight=0", "shaping.tool_error_cost=0.1", "micro.eval_repos=48"],
-    # the same on 120 held-out repos (about 85 tasks): over fresh seeds 20-34 a seed's RL - warm had a
+    # the same on 120 held-out repos (64-98 tasks in seeds 35-38): over fresh seeds 20-34 a seed's RL - warm had a
     # standard error over tasks of 0.05-0.12 on 48 repos, mostly from which tasks were drawn (not from the
     # 2 samples), so a gain of 0.1 was not 2 standard errors, as issue 30 asks of the powered claim;
     # 2.5x the tasks brings it to about 0.05
